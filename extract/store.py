@@ -1,0 +1,271 @@
+"""The activation store: one HDF5 file per (model, datapack). The only module that knows its layout.
+
+Layout (schema_version 1; readable with plain h5py, see README "Store layout"):
+
+    /                       attributes: schema_version, model_id, model_fingerprint, tokenizer_id,
+                            n_layers (L), hidden_size, dtype, layers (stored layer numbers),
+                            chat_template (bool), chat_template_text, system_prompt, datapack,
+                            n_statements, n_tokens, n_done, toolkit_version, created, config (JSON)
+    /statements/text        str    [N]
+    /statements/label       int8   [N]   0 = false, 1 = true, 2 = neither
+    /statements/object_1    str    [N]
+    /statements/object_2    str    [N]
+    /statements/negation    bool   [N]
+    /statements/source_file str    [N]
+    /statements/source_row  int64  [N]
+    /tokens/offsets         int64  [N+1] statement i owns token rows offsets[i]:offsets[i+1]
+    /tokens/ids             int64  [T]
+    /tokens/kind            int8   [T]   0 = special token, 1 = chat-template text, 2 = statement text
+    /layers/<k>             [T, hidden] float16 | float32 | uint16 (bfloat16 bits, attr dtype)
+
+Layer k: 0 = embedding output, 1..L = residual stream after decoder block k (no final norm).
+Rows are in datapack order. `n_done` counts statements, in datapack order, whose rows of every
+layer are on disk; everything else (metadata, tokens, the space of every layer) is written when the
+file is created, so the only later writes are raw layer rows and `n_done`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+import torch
+
+SCHEMA_VERSION = 1
+TOOLKIT_VERSION = "0.1.0"
+KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT = 0, 1, 2
+STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
+TORCH_STORED = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+CHUNK_BYTES = 1 << 20
+_TEXT_COLUMNS = ["text", "object_1", "object_2", "source_file"]
+
+
+class StoreError(ValueError):
+    """A store that is missing, incomplete, damaged or does not match the request."""
+
+
+def store_path(store_dir: str | Path, model: str, datapack: str) -> Path:
+    """Where the store of (model, datapack) lives: <store_dir>/<model>/<datapack>.h5."""
+    return Path(store_dir) / model / f"{datapack}.h5"
+
+
+def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype: str) -> int:
+    """Bytes the layer datasets will take on disk (metadata excluded)."""
+    return n_tokens * n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize
+
+
+def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], token_kinds: list[np.ndarray],
+                 layers: list[int], hidden_size: int, dtype: str, attrs: dict) -> None:
+    """Write a new store with all metadata and tokens, and allocate (not fill) every layer.
+
+    token_ids / token_kinds: one int array per statement, in table order.
+    attrs: file attributes (model_id, model_fingerprint, n_layers, ...); n_done starts at 0.
+    """
+    offsets = np.zeros(len(table) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in token_ids], out=offsets[1:])
+    n_tokens = int(offsets[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f.attrs.update({k: _attr(v) for k, v in attrs.items()})
+        f.attrs.update(schema_version=SCHEMA_VERSION, toolkit_version=TOOLKIT_VERSION,
+                       created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hidden_size=hidden_size,
+                       dtype=dtype, layers=np.asarray(layers, dtype=np.int64),
+                       n_statements=len(table), n_tokens=n_tokens, n_done=0)
+        s = f.create_group("statements")
+        text = table.rename(columns={"statement": "text"})
+        for col in _TEXT_COLUMNS:
+            s.create_dataset(col, data=text[col].astype(str).to_numpy(dtype=object),
+                             dtype=h5py.string_dtype())
+        s.create_dataset("label", data=table["label"].to_numpy(dtype=np.int8))
+        s.create_dataset("negation", data=table["negation"].to_numpy(dtype=bool))
+        s.create_dataset("source_row", data=table["source_row"].to_numpy(dtype=np.int64))
+        t = f.create_group("tokens")
+        t.create_dataset("offsets", data=offsets)
+        t.create_dataset("ids", data=np.concatenate(token_ids).astype(np.int64))
+        t.create_dataset("kind", data=np.concatenate(token_kinds).astype(np.int8))
+        g = f.create_group("layers")
+        for k in layers:
+            _allocate_layer(g, str(k), n_tokens, hidden_size, dtype)
+
+
+def _allocate_layer(group: h5py.Group, name: str, n_tokens: int, hidden_size: int, dtype: str) -> None:
+    """Chunked along tokens, every chunk allocated now (a crash later never touches metadata)."""
+    np_dtype = np.dtype(STORED_DTYPES[dtype])
+    rows = int(max(1, min(n_tokens, CHUNK_BYTES // (hidden_size * np_dtype.itemsize))))
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_chunk((rows, hidden_size))
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    space = h5py.h5s.create_simple((n_tokens, hidden_size))
+    h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(np_dtype), space, dcpl=dcpl)
+    group[name].attrs["dtype"] = dtype
+
+
+def _attr(value):
+    return json.dumps(value) if isinstance(value, (dict, list)) else ("" if value is None else value)
+
+
+def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
+                     token_ids: list[np.ndarray]) -> None:
+    """Refuse to resume into a store made for another model, datapack, dtype, layers or input."""
+    try:
+        with h5py.File(path, "r") as f:
+            have = dict(f.attrs)
+            stored_ids = f["tokens/ids"][:]
+    except (OSError, KeyError) as err:
+        raise StoreError(f"{path} is damaged ({err}); rerun with overwrite=true") from None
+    wanted = {"model_fingerprint": attrs["model_fingerprint"], "datapack": attrs["datapack"],
+              "chat_template": attrs["chat_template"], "system_prompt": _attr(attrs["system_prompt"]),
+              "dtype": dtype, "n_statements": len(token_ids)}
+    for key, value in wanted.items():
+        if have.get(key) != value:
+            raise StoreError(f"{path} was made with {key}={have.get(key)!r}, not {value!r}: "
+                             "rerun with overwrite=true to replace it (or choose another store_dir=)")
+    if list(have["layers"]) != list(layers):
+        raise StoreError(f"{path} holds layers {list(have['layers'])}, not {layers}: "
+                         "rerun with overwrite=true to replace it")
+    if not np.array_equal(stored_ids, np.concatenate(token_ids)):
+        raise StoreError(f"{path} holds other token ids (statements or tokenizer changed): "
+                         "rerun with overwrite=true to replace it")
+
+
+class StoreWriter:
+    """Appends whole windows of statements (in datapack order) to an existing store."""
+
+    def __init__(self, path: Path):
+        self.file = h5py.File(path, "r+")
+        self.offsets = self.file["tokens/offsets"][:]
+        self.dtype = self.file.attrs["dtype"]
+
+    @property
+    def n_done(self) -> int:
+        return int(self.file.attrs["n_done"])
+
+    def write(self, start: int, stop: int, rows: dict[int, np.ndarray]) -> None:
+        """Store statements start..stop-1; rows[k] is [offsets[stop]-offsets[start], hidden] for layer k,
+        in the stored representation (see `torch_to_stored`).
+
+        n_done advances to `stop` only after every layer's rows are flushed to disk.
+        """
+        if start != self.n_done:
+            raise StoreError(f"write of statements {start}.. out of order (store has {self.n_done} done)")
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        for k, x in rows.items():
+            self.file["layers"][str(k)][lo:hi] = x
+        self.file.flush()
+        self.file.attrs["n_done"] = stop
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def torch_to_stored(t: "torch.Tensor") -> np.ndarray:
+    """A CPU tensor already in the stored torch dtype -> its numpy representation (bfloat16 as uint16 bits)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def from_stored(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored representation -> float32."""
+    if dtype == "bfloat16":
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+class ActivationStore:
+    """Read-only view of a complete store. Each call reads only the layer it is asked for.
+
+    >>> store = ActivationStore("activations/smollm2/city_locations.h5")
+    >>> X, offsets = store.bags(16)          # X [T', d] statement tokens, offsets [N+1]
+    >>> last = store.last_token(16)          # [N, d]
+    """
+
+    def __init__(self, path: str | Path, allow_incomplete: bool = False):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise StoreError(f"no activation store at {self.path}: run `python -m extract` first "
+                             "(or point store_dir= at the folder that holds it)")
+        try:
+            self.file = h5py.File(self.path, "r")
+        except OSError as err:
+            raise StoreError(f"{self.path} is not a readable HDF5 store ({err}); "
+                             "rerun extraction with overwrite=true") from None
+        self.attrs = dict(self.file.attrs)
+        if self.attrs.get("schema_version") != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema_version {self.attrs.get('schema_version')} is not "
+                             f"{SCHEMA_VERSION}; re-extract it with this version (overwrite=true)")
+        if not allow_incomplete and self.n_done < self.n_statements:
+            raise StoreError(f"{self.path} is incomplete ({self.n_done}/{self.n_statements} statements): "
+                             "rerun the same `python -m extract` command to finish it")
+        self.offsets = self.file["tokens/offsets"][:]
+        self.token_kind = self.file["tokens/kind"][:]
+
+    n_statements = property(lambda self: int(self.attrs["n_statements"]))
+    n_done = property(lambda self: int(self.attrs["n_done"]))
+    n_layers = property(lambda self: int(self.attrs["n_layers"]))
+    hidden_size = property(lambda self: int(self.attrs["hidden_size"]))
+    layers = property(lambda self: [int(k) for k in self.attrs["layers"]])
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """int64 [T]."""
+        return self.file["tokens/ids"][:]
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """Per-statement metadata, one row per statement (columns as in extract.statements)."""
+        s = self.file["statements"]
+        data = {col: s[col].asstr()[:] for col in _TEXT_COLUMNS}
+        data.update(label=s["label"][:].astype(np.int64), negation=s["negation"][:],
+                    source_row=s["source_row"][:])
+        return pd.DataFrame(data).rename(columns={"text": "statement"})
+
+    def layer(self, k: int) -> np.ndarray:
+        """All token rows of layer k as float32 [T, d]."""
+        if k not in self.layers:
+            raise StoreError(f"layer {k} is not in {self.path} (stored layers: "
+                             f"{_ranges(self.layers)}; the model has layers 0..{self.n_layers})")
+        ds = self.file["layers"][str(k)]
+        return from_stored(ds[:], ds.attrs["dtype"])
+
+    def token_mask(self, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
+        """bool [T]: tokens whose kind is in `kinds`."""
+        return np.isin(self.token_kind, kinds)
+
+    def bags(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of the given kinds per statement: X float32 [T', d], offsets int64 [N+1]."""
+        mask = self.token_mask(kinds)
+        counts = np.add.reduceat(mask.astype(np.int64), self.offsets[:-1])
+        if (counts == 0).any():
+            raise StoreError(f"{self.path}: statement {int(np.argmax(counts == 0))} has no token of kinds {kinds}")
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return self.layer(k)[mask], offsets
+
+    def last_token(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
+        """The last token of the given kinds of every statement: float32 [N, d]."""
+        X, offsets = self.bags(k, kinds)
+        return X[offsets[1:] - 1]
+
+    def mean(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
+        """Mean over the tokens of the given kinds of every statement: float32 [N, d]."""
+        X, offsets = self.bags(k, kinds)
+        sums = np.add.reduceat(X.astype(np.float64), offsets[:-1], axis=0)
+        return (sums / np.diff(offsets)[:, None]).astype(np.float32)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _ranges(values: list[int]) -> str:
+    return f"{values[0]}..{values[-1]}" if values == list(range(values[0], values[-1] + 1)) else str(values)

@@ -1,0 +1,192 @@
+"""Extraction on the tiny model: stored states equal a plain forward, tokens equal the tokenizer's,
+resumption after SIGKILL gives identical stores, mismatched stores are refused."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from extract.capture import plan_batches, plan_windows, render
+from extract.models import decoder_layers, load_model
+from extract.run import extract
+from extract.store import KIND_STATEMENT, ActivationStore, StoreError
+from tests.conftest import extract_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def reference_states(loaded, ids: np.ndarray) -> list[np.ndarray]:
+    """Layers 0..L of one statement from a plain single-statement forward: HF hidden_states for
+    0..L-1 and, for L, the last block's output hooked before the final norm. [L+1] x [n, d]."""
+    last = {}
+    handle = decoder_layers(loaded.model)[-1].register_forward_hook(
+        lambda m, a, out: last.setdefault("h", out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        out = loaded.model(torch.from_numpy(ids)[None], output_hidden_states=True)
+        handle.remove()
+        states = [h[0].float().numpy() for h in out.hidden_states[:-1]] + [last["h"][0].float().numpy()]
+        # independent check of the hooked layer L: the final norm applied to it gives HF's last entry
+        final_norm = loaded.model.model.norm(last["h"])[0].float().numpy()
+    np.testing.assert_allclose(final_norm, out.hidden_states[-1][0].float().numpy(), rtol=1e-4, atol=1e-5)
+    return states
+
+
+def assert_fp16_close(got: np.ndarray, ref: np.ndarray) -> None:
+    """Equal up to float16 rounding (2 ulp) plus float noise of batched vs single matmuls."""
+    scale = np.abs(ref).max()
+    assert np.all(np.abs(got - ref) <= 1e-3 * np.abs(ref) + 1e-4 * scale), np.abs(got - ref).max() / scale
+
+
+def check_against_plain_forward(store_path: Path, loaded, statements: range) -> None:
+    with ActivationStore(store_path) as store:
+        layers = {k: store.layer(k) for k in store.layers}
+        ids, offsets = store.token_ids, store.offsets
+        assert store.layers == list(range(loaded.n_layers + 1))
+        for i in statements:
+            rows = slice(offsets[i], offsets[i + 1])
+            for k, ref in enumerate(reference_states(loaded, ids[rows])):
+                assert_fp16_close(layers[k][rows], ref)
+
+
+def test_stored_states_equal_plain_forward(tiny_store):
+    loaded = load_model(extract_config("model=tiny").model)
+    with ActivationStore(tiny_store) as store:
+        lengths = np.diff(store.offsets)
+    assert len(set(lengths)) > 3  # the batches really mixed lengths
+    check_against_plain_forward(tiny_store, loaded, range(40))
+
+
+def test_tokens_equal_tokenizer_ids_of_rendered_input(tiny_store):
+    loaded = load_model(extract_config("model=tiny").model)
+    tok = loaded.tokenizer
+    with ActivationStore(tiny_store) as store:
+        ids, offsets, kinds, table = store.token_ids, store.offsets, store.token_kind, store.table
+        assert offsets[0] == 0 and offsets[-1] == len(ids) == store.layer(0).shape[0]
+        assert tok.pad_token_id not in ids
+        for i, statement in enumerate(table["statement"]):
+            text = tok.apply_chat_template([{"role": "user", "content": statement}], tokenize=False)
+            expected = tok(text, add_special_tokens=False)["input_ids"]
+            got = ids[offsets[i]:offsets[i + 1]]
+            assert got.tolist() == expected
+            assert (got == tok.bos_token_id).sum() == 1  # no double BOS
+            statement_ids = got[kinds[offsets[i]:offsets[i + 1]] == KIND_STATEMENT]
+            assert tok.decode(statement_ids) == statement
+
+
+def test_reader_api_matches_manual_computation(tiny_store):
+    with ActivationStore(tiny_store) as store:
+        layer, offsets, kind = store.layer(2), store.offsets, store.token_kind
+        X, bag_offsets = store.bags(2)
+        last, mean = store.last_token(2), store.mean(2)
+        for i in range(store.n_statements):
+            rows = np.arange(offsets[i], offsets[i + 1])
+            rows = rows[kind[rows] == KIND_STATEMENT]
+            np.testing.assert_array_equal(X[bag_offsets[i]:bag_offsets[i + 1]], layer[rows])
+            np.testing.assert_array_equal(last[i], layer[rows[-1]])
+            np.testing.assert_allclose(mean[i], layer[rows].mean(0), rtol=1e-5, atol=1e-6)
+        with pytest.raises(StoreError, match="layer 9 is not in"):
+            store.layer(9)
+        assert store.table["label"].tolist()[:2] == [0, 1]
+
+
+def test_store_attributes_and_layer_subset(tmp_path):
+    path = extract(extract_config("model=tiny", "data=med_indications", "limit=6", "layers=[0,2,4]",
+                                  "dtype=bfloat16", f"store_dir={tmp_path}"))
+    assert path == tmp_path / "tiny" / "med_indications.h5"
+    with h5py.File(path) as f:
+        attrs = dict(f.attrs)
+        assert sorted(f["layers"]) == ["0", "2", "4"]
+        assert f["layers/2"].dtype == np.uint16 and f["layers/2"].attrs["dtype"] == "bfloat16"
+    for key in ("schema_version", "model_id", "model_fingerprint", "tokenizer_id", "n_layers", "hidden_size",
+                "dtype", "chat_template", "chat_template_text", "toolkit_version", "created", "n_done"):
+        assert key in attrs, key
+    assert attrs["n_done"] == 6 and attrs["n_layers"] == 4 and attrs["chat_template"]
+    loaded = load_model(extract_config("model=tiny").model)
+    with ActivationStore(path) as store:
+        ids, offsets = store.token_ids, store.offsets
+        ref = reference_states(loaded, ids[offsets[0]:offsets[1]])[4]
+        got = store.layer(4)[offsets[0]:offsets[1]]
+        assert np.abs(got - ref).max() <= 2 ** -7 * np.abs(ref).max()  # bfloat16 rounding
+
+
+def test_mismatched_store_is_refused(tmp_path):
+    args = ["model=tiny", "data=city_locations", "limit=5", f"store_dir={tmp_path}"]
+    extract(extract_config(*args))
+    for change, message in [("dtype=float32", "dtype"), ("model.seed=1", "model_fingerprint"),
+                            ("layers=[1]", "layers"), ("limit=6", "n_statements")]:
+        with pytest.raises(StoreError, match=message):
+            extract(extract_config(*args, change))
+    extract(extract_config(*args, "dtype=float32", "overwrite=true"))
+    with ActivationStore(tmp_path / "tiny" / "city_locations.h5") as store:
+        assert store.attrs["dtype"] == "float32"
+
+
+def test_planning_covers_every_statement_once():
+    lengths = np.random.default_rng(0).integers(3, 40, size=200)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    windows = plan_windows(offsets, 500)
+    assert windows[0][0] == 0 and windows[-1][1] == 200
+    assert all(b == c for (_, b), (c, _) in zip(windows, windows[1:]))
+    assert plan_windows(offsets, 500, start=windows[3][0]) == windows[3:]
+    for a, b in windows:
+        assert offsets[b] - offsets[a] <= 500 or b == a + 1
+        batches = plan_batches(lengths[a:b], 128)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(b - a))
+        for batch in batches:
+            assert len(batch) * lengths[a:b][batch].max() <= 128 or len(batch) == 1
+
+
+def test_plain_rendering_without_template():
+    loaded = load_model(extract_config("model=tiny", "model.chat_template=false").model)
+    ids, kinds = render(loaded.tokenizer, "Paris is in France.", False)
+    assert kinds[-1] == KIND_STATEMENT and loaded.tokenizer.decode(ids[kinds == KIND_STATEMENT]) == "Paris is in France."
+
+
+def _extract_command(store_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "extract", "model=tiny", "data=city_locations", "limit=600",
+            f"store_dir={store_dir}", "batch_tokens=256", "window_tokens=600", "layers=[0,1,4]",
+            f"hydra.run.dir={store_dir}/logs"]
+
+
+def test_sigkill_then_rerun_equals_uninterrupted_run(tmp_path):
+    """Kill the extraction subprocess mid-run (SIGKILL), rerun the same command: identical store."""
+    killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
+    proc = subprocess.Popen(_extract_command(killed_dir), cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    seen = []
+
+    def watch():  # tqdm progress "n/N [" on stderr
+        for chunk in iter(lambda: proc.stderr.read(64), ""):
+            seen.append(chunk)
+
+    threading.Thread(target=watch, daemon=True).start()
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        done = [int(n) for n in re.findall(r"extract city_locations\.h5:[^\r\n]*?\| *(\d+)/600 \[", "".join(seen)[-400:])]
+        if done and 100 <= max(done) < 450:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "extraction finished before it could be killed:\n" + "".join(seen)[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with ActivationStore(killed_dir / "tiny" / "city_locations.h5", allow_incomplete=True) as partial:
+        assert 0 < partial.n_done < 600
+    with pytest.raises(StoreError, match="incomplete"):
+        ActivationStore(killed_dir / "tiny" / "city_locations.h5")
+    subprocess.run(_extract_command(killed_dir), cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(_extract_command(clean_dir), cwd=ROOT, check=True, capture_output=True)
+    with ActivationStore(killed_dir / "tiny" / "city_locations.h5") as a, \
+            ActivationStore(clean_dir / "tiny" / "city_locations.h5") as b:
+        assert a.n_done == b.n_done == 600
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        for k in (0, 1, 4):
+            np.testing.assert_array_equal(a.layer(k), b.layer(k))
