@@ -1,0 +1,524 @@
+"""Train / calibration / test splits of a statement table (extract.statements.load_statements).
+
+One entry point::
+
+    split = make_split(table, kind="entity_disjoint", seed=0, test_size=0.25, calibration_size=0.2)
+    X_train, X_cal, X_test = X[split.train], X[split.calibration], X[split.test]
+    cell["split"] = split.summary()          # sizes, fractions, drops, overlap, fingerprint (JSON)
+
+`Split` holds int64 row positions (0..len(table)-1) into the table; rows in `dropped` are in no
+split. Two kinds:
+
+``entity_disjoint`` (default, ours)
+    Entities are the strings in `object_1` and `object_2`, one shared namespace, compared
+    exactly ("" = no entity). No entity of a calibration or test statement occurs in any
+    training statement. Calibration and test are a uniform random partition of the held-out
+    rows, so they may share entities with each other: split conformal needs calibration and
+    test to be exchangeable, and a random row partition of one held-out pool makes them
+    exactly so (both are "statements about entities the probe never saw"). With
+    ``disjoint_calibration_test=True`` the held-out entities are cut again so that all three
+    sets are pairwise entity-disjoint (more drops; use it when the calibration set also
+    drives model selection and must not share entities with test).
+
+    Algorithm. Statements and entities form a bipartite graph; its connected components can
+    move between splits without breaking disjointness. Components with fewer than
+    max(20, tolerance * n) statements are kept whole and packed, in a seeded random order,
+    onto the side below its target share (counted per label: a component counts for its most
+    common label, so every label keeps its share on both sides). Larger components (on the
+    Trilemma datapacks: one per real / synthetic file family, 1000-5900 statements, which hold
+    nearly all rows) are cut: entities are
+    given a side (held-out or train) so that the held-out share of the component's kept
+    statements is within `tolerance` of target, and statements whose two entities land on
+    different sides are dropped. The cut minimises drops heuristically: a held-out region is
+    grown from a random entity (always adding the frontier entity that cuts fewest
+    statements), then refined by Fiduccia-Mattheyses passes (move entities one at a time
+    across, best-gain first, each at most once per pass, keep the best prefix); the best of
+    `n_starts` starts is kept. Cutting every large component in the same proportion keeps the
+    label mix (real true/false vs synthetic neither) of the splits close to the table's.
+    Fractions are of kept rows; ``summary()`` reports the dropped count.
+
+``reference``
+    Row-for-row the split of the reference code (carlomarxdk/trilemma-of-truth,
+    data_handler.py, DataHandler.assemble with exclusive_split=True, with_calibration=True;
+    its configs use seed 42, test_size 0.25, cal_size 0.25). Note that there
+    `calibration_size` is a fraction of the non-test rows, not of the table. Its algorithm:
+    sample (1 - test_size) of the distinct (object_1, object_2) pairs with
+    ``DataFrame.sample(frac, random_state=seed)``; rows with any entity among the sampled
+    pairs' entities are train, the rest test; while the test share is not above test_size,
+    shrink the entity pool to int(0.975 * len) with ``default_rng(seed).choice`` (one
+    generator per call) and recompute. Calibration is carved the same way out of the train
+    rows (same seed). Finally ``RandomState(seed + 1)`` shuffles train, then test, then
+    calibration; the arrays keep that order (`order == "reference"`), so iterating them
+    reproduces the reference's order. It is NOT entity-disjoint: a train row needs only one
+    of its entities in the pool, so most test rows share an entity with train rows
+    (``summary()["test_rows_sharing_train_entity"]``: 0.64-0.91 on the three datapacks), and
+    its held-out sets are rich in synthetic (neither) rows: city_locations has 17 % neither in
+    train but 34 % in calibration and 31 % in test.
+
+Arrays of ``entity_disjoint`` are sorted ascending (`order == "sorted"`). Both kinds are
+deterministic for a seed. Bad input raises `SplitError` (a ValueError) with a one-line message.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Split", "SplitError", "make_split", "KINDS"]
+
+KINDS = ("entity_disjoint", "reference")
+ENTITY_COLUMNS = ("object_1", "object_2")
+MIN_ROWS = 10
+
+
+class SplitError(ValueError):
+    """A table or parameters that cannot be split; the message is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Row positions (int64) of each part; `dropped` rows are in none of them."""
+
+    kind: str
+    seed: int
+    n_rows: int
+    train: np.ndarray
+    calibration: np.ndarray
+    test: np.ndarray
+    dropped: np.ndarray
+    params: dict = field(default_factory=dict)
+    order: str = "sorted"          # "sorted" ascending, or "reference" (the reference's shuffle)
+    stats: dict = field(default_factory=dict)  # label counts and entity overlap, see summary()
+
+    def sizes(self) -> dict:
+        return {"train": len(self.train), "calibration": len(self.calibration),
+                "test": len(self.test), "dropped": len(self.dropped)}
+
+    def fingerprint(self) -> str:
+        """sha256 (first 16 hex digits) of the three index arrays in their stored order."""
+        h = hashlib.sha256()
+        for part in (self.train, self.calibration, self.test):
+            h.update(np.asarray(part, dtype="<i8").tobytes())
+            h.update(b"|")
+        return h.hexdigest()[:16]
+
+    def summary(self) -> dict:
+        """JSON-serialisable description without the indices (stored in each result cell)."""
+        sizes = self.sizes()
+        kept = sizes["train"] + sizes["calibration"] + sizes["test"]
+        return {
+            "kind": self.kind,
+            "seed": int(self.seed),
+            "params": dict(self.params),
+            "n_rows": int(self.n_rows),
+            "sizes": {k: int(v) for k, v in sizes.items()},
+            "fractions_of_kept": {k: round(sizes[k] / kept, 4) for k in ("train", "calibration", "test")},
+            "dropped_fraction": round(sizes["dropped"] / self.n_rows, 4),
+            "order": self.order,
+            "fingerprint": self.fingerprint(),
+            **self.stats,
+        }
+
+    def to_dict(self) -> dict:
+        """summary() plus the index lists; `Split.from_dict` restores the split."""
+        return {**self.summary(), "train": self.train.tolist(), "calibration": self.calibration.tolist(),
+                "test": self.test.tolist(), "dropped": self.dropped.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Split":
+        arrays = {k: np.asarray(d[k], dtype=np.int64) for k in ("train", "calibration", "test", "dropped")}
+        stats = {k: d[k] for k in ("label_counts", "test_rows_sharing_train_entity",
+                                   "calibration_rows_sharing_train_entity") if k in d}
+        return cls(kind=d["kind"], seed=d["seed"], n_rows=d["n_rows"], params=dict(d["params"]),
+                   order=d["order"], stats=stats, **arrays)
+
+
+def make_split(table: pd.DataFrame, kind: str = "entity_disjoint", seed: int = 0,
+               test_size: float = 0.25, calibration_size: float = 0.2, *,
+               entity_columns: tuple[str, ...] | list[str] = ENTITY_COLUMNS,
+               disjoint_calibration_test: bool = False, tolerance: float = 0.01,
+               n_starts: int = 4) -> Split:
+    """Split `table` (one row per statement) into train / calibration / test row positions.
+
+    kind: "entity_disjoint" or "reference" (see the module docstring).
+    test_size, calibration_size: fractions of the kept rows (entity_disjoint: 0.25 and 0.2 give
+        55 / 20 / 25 %); for "reference", calibration_size is a fraction of the non-test rows as
+        in the reference code. calibration_size = 0 gives an empty calibration set.
+    entity_columns: the columns whose strings are entities (entity_disjoint only; the reference
+        always uses object_1 and object_2).
+    disjoint_calibration_test: entity_disjoint only, also keep calibration and test entity-disjoint.
+    tolerance: entity_disjoint only, allowed deviation of each cut component's held-out share.
+    n_starts: entity_disjoint only, starts of the cut heuristic (best kept).
+    """
+    if kind not in KINDS:
+        raise SplitError(f"unknown split kind {kind!r}: use one of {list(KINDS)} (split.kind=...)")
+    if not isinstance(table, pd.DataFrame):
+        raise SplitError(f"make_split needs a pandas DataFrame, got {type(table).__name__} "
+                         "(load one with extract.statements.load_statements)")
+    n = len(table)
+    if n < MIN_ROWS:
+        raise SplitError(f"table has {n} rows, a split needs at least {MIN_ROWS} "
+                         "(use more statements, e.g. drop the `limit` option)")
+    if not 0 < test_size < 1:
+        raise SplitError(f"test_size={test_size} must be in (0, 1) (e.g. split.test_size=0.25)")
+    if not 0 <= calibration_size < 1:
+        raise SplitError(f"calibration_size={calibration_size} must be in [0, 1) "
+                         "(e.g. split.calibration_size=0.2)")
+    if kind == "entity_disjoint" and test_size + calibration_size >= 1:
+        raise SplitError(f"test_size + calibration_size = {test_size + calibration_size} leaves no training "
+                         "rows (make their sum < 1, e.g. 0.25 + 0.2)")
+    if not 0 < tolerance < 0.5:
+        raise SplitError(f"tolerance={tolerance} must be in (0, 0.5) (e.g. split.tolerance=0.01)")
+    columns = list(ENTITY_COLUMNS if kind == "reference" else entity_columns)
+    if not 1 <= len(columns) <= 2:
+        raise SplitError(f"entity_columns={columns}: give one or two columns (e.g. [object_1, object_2])")
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise SplitError(f"table lacks entity column(s) {missing} (load it with "
+                         "extract.statements.load_statements, or set split.entity_columns)")
+    seed = int(seed)
+    if kind == "reference":
+        train, calibration, test = _reference_split(table, seed, test_size, calibration_size)
+        dropped = np.zeros(0, dtype=np.int64)
+        params = {"test_size": test_size, "calibration_size": calibration_size,
+                  "calibration_of": "non-test rows"}
+        order = "reference"
+    else:
+        train, calibration, test, dropped = _entity_disjoint_split(
+            table, columns, seed, test_size, calibration_size, disjoint_calibration_test,
+            tolerance, n_starts)
+        params = {"test_size": test_size, "calibration_size": calibration_size,
+                  "calibration_of": "kept rows", "entity_columns": columns,
+                  "disjoint_calibration_test": bool(disjoint_calibration_test),
+                  "tolerance": tolerance, "n_starts": int(n_starts)}
+        order = "sorted"
+    for name, part in (("train", train), ("test", test)) + ((("calibration", calibration),)
+                                                           if calibration_size > 0 else ()):
+        if len(part) == 0:
+            raise SplitError(f"the {kind} split of {n} rows left the {name} set empty "
+                             "(use more statements, or split.kind=reference if all rows share entities)")
+    stats = _stats(table, columns, train, calibration, test)
+    return Split(kind=kind, seed=seed, n_rows=n, train=train, calibration=calibration, test=test,
+                 dropped=dropped, params=params, order=order, stats=stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# reference split
+
+def _reference_split(table, seed, test_size, calibration_size):
+    # Entities become integer codes (factorize is exact: equal codes <=> equal strings, NaN its
+    # own value as in pandas' isin / drop_duplicates). Every random call below depends only on
+    # lengths, never on the values, so the codes draw the same rows as the reference's strings,
+    # and membership becomes a table lookup (the reference's isin loop is slow). A fresh
+    # RangeIndex makes index labels row positions, as in the reference's polars -> pandas frame.
+    # The vendored files have no empty entity; polars would read an empty field as null where
+    # our loader keeps "", which only renames that one shared token.
+    values = np.concatenate([table[c].to_numpy(dtype=object) for c in ENTITY_COLUMNS])
+    codes, _ = pd.factorize(values, use_na_sentinel=False)
+    objects = pd.DataFrame({"object_1": codes[:len(table)], "object_2": codes[len(table):]})
+    n_codes = int(codes.max(initial=-1)) + 1
+    rest, test = _reference_holdout(objects, test_size, seed, n_codes)
+    if calibration_size > 0:
+        train, calibration = _reference_holdout(objects.loc[rest], calibration_size, seed, n_codes)
+    else:
+        train, calibration = rest, np.zeros(0, dtype=np.int64)
+    shuffle = np.random.RandomState(seed + 1)  # the reference seeds the global state the same way
+    for part in (train, test, calibration):      # ... and shuffles in this order
+        shuffle.shuffle(part)
+    return train, calibration, test
+
+
+def _reference_holdout(objects: pd.DataFrame, holdout: float, seed: int, n_codes: int):
+    """(kept, held-out) index labels of `objects`: held-out rows have no entity in the pool."""
+    rng = np.random.default_rng(seed)
+    pool = (objects.drop_duplicates()
+            .sample(frac=1.0 - holdout, random_state=seed)
+            .to_numpy().ravel())  # row-major: o1, o2 of the first sampled pair, then the next pair
+    first = objects["object_1"].to_numpy()
+    second = objects["object_2"].to_numpy()
+    labels = objects.index.to_numpy(dtype=np.int64)
+
+    def divide(pool):
+        member = np.zeros(n_codes, dtype=bool)
+        member[pool] = True
+        inside = member[first] | member[second]
+        return labels[inside], labels[~inside]
+
+    kept, held = divide(pool)
+    while not len(held) / len(objects) > holdout:   # terminates: an empty pool holds out all
+        pool = rng.choice(pool, size=int(len(pool) * 0.975), replace=False)
+        kept, held = divide(pool)
+    return kept, held
+
+
+# ---------------------------------------------------------------------------------------------
+# entity-disjoint split
+
+def _entity_codes(table: pd.DataFrame, columns: list[str]) -> np.ndarray:
+    """[n, k] int codes of the entity strings (one namespace for all columns), -1 for ""."""
+    values = [table[c].fillna("").astype(str).to_numpy(dtype=object) for c in columns]
+    codes, uniques = pd.factorize(np.concatenate(values))
+    codes = codes.reshape(len(columns), -1).T.copy()
+    empty = np.flatnonzero(np.asarray(uniques, dtype=object) == "")
+    if len(empty):
+        codes[codes == empty[0]] = -1
+    return codes
+
+
+def _entity_disjoint_split(table, columns, seed, test_size, calibration_size, disjoint_cal_test,
+                           tolerance, n_starts):
+    rng = np.random.default_rng(seed)
+    codes = _entity_codes(table, columns)
+    rows = np.arange(len(table), dtype=np.int64)
+    strata = table["label"].to_numpy() if "label" in table.columns else np.zeros(len(table), dtype=np.int64)
+    held_share = test_size + calibration_size
+    held, train, dropped = _bisect(codes, rows, held_share, rng, tolerance, n_starts, strata)
+    test_share = test_size / held_share
+    if calibration_size == 0:
+        test, calibration = held, np.zeros(0, dtype=np.int64)
+    elif disjoint_cal_test:
+        test, calibration, dropped2 = _bisect(codes, held, test_share, rng, tolerance, n_starts, strata)
+        dropped = np.concatenate([dropped, dropped2])
+    else:  # uniform random row partition of the held-out pool: calibration exchangeable with test
+        perm = rng.permutation(held)
+        n_test = int(round(len(held) * test_share))
+        test, calibration = perm[:n_test], perm[n_test:]
+    return tuple(np.sort(np.asarray(p, dtype=np.int64)) for p in (train, calibration, test, dropped))
+
+
+def _components(codes: np.ndarray) -> np.ndarray:
+    """Component id per row of the statement-entity graph (rows without entities: alone)."""
+    n = len(codes)
+    parent = np.arange(n + int(codes.max(initial=-1)) + 1)  # rows 0..n-1, entity e -> node n + e
+
+    def find(x):
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for r in range(n):
+        for e in codes[r]:
+            if e >= 0:
+                a, b = find(r), find(n + e)
+                if a != b:
+                    parent[a] = b
+    return np.array([find(r) for r in range(n)])
+
+
+def _bisect(codes, rows, share, rng, tolerance, n_starts, strata):
+    """Split `rows` into (A, B, dropped): A about `share` of the kept rows, no entity in both.
+
+    Small components are packed per stratum (the component's most common label), so that each
+    label keeps its share on both sides."""
+    comp = _components(codes[rows])
+    _, inverse, counts = np.unique(comp, return_inverse=True, return_counts=True)
+    big = max(20, tolerance * len(rows))
+    a_parts, b_parts, dropped = [], [], []
+    for c in np.flatnonzero(counts >= big):       # cut each large component in proportion
+        members = rows[inverse == c]
+        in_a, in_b = _cut_component(codes[members], share, rng, tolerance, n_starts)
+        a_parts.append(members[in_a])
+        b_parts.append(members[in_b])
+        dropped.append(members[~in_a & ~in_b])
+    small = np.flatnonzero(counts < big)
+    by_comp = rows[np.argsort(inverse, kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    filled: dict = {}                             # stratum -> [rows on A, rows on B]
+    for c in small[rng.permutation(len(small))]:  # pack small components whole, random order
+        members = by_comp[starts[c]:starts[c + 1]]
+        values, freq = np.unique(strata[members], return_counts=True)
+        count = filled.setdefault(values[np.argmax(freq)], [0, 0])
+        to_a = count[0] < share * (count[0] + count[1]) or count == [0, 0]  # side below its share
+        (a_parts if to_a else b_parts).append(members)
+        count[0 if to_a else 1] += len(members)
+    empty = np.zeros(0, dtype=np.int64)
+    return tuple(np.concatenate(p) if p else empty for p in (a_parts, b_parts, dropped))
+
+
+def _cut_component(codes, share, rng, tolerance, n_starts):
+    """Entity sides for one connected component -> (row in A, row in B); other rows are dropped."""
+    local, inverse = np.unique(codes[codes >= 0], return_inverse=True)
+    ends = np.full(codes.shape, -1)
+    ends[codes >= 0] = inverse
+    u = ends[:, 0].copy()
+    v = ends[:, -1].copy()  # a row has its first and last entity column as its two ends
+    u[u < 0] = v[u < 0]
+    v[v < 0] = u[v < 0]
+    graph = _Graph(u, v, len(local))
+    best = None
+    for _ in range(max(1, int(n_starts))):
+        side = graph.grow(share, rng)
+        graph.refine(side, share, tolerance, rng)
+        result = graph.evaluate(side)
+        dev = abs(result[0] / max(result[0] + result[1], 1) - share)
+        key = (dev > tolerance, result[2], dev)   # within tolerance first, then fewest drops
+        if best is None or key < best[0]:
+            best = (key, side.copy())
+    side = best[1]
+    return side[u] & side[v], ~side[u] & ~side[v]
+
+
+class _Graph:
+    """Entity graph of one component: rows are edges (u, v), u == v for one-entity rows."""
+
+    def __init__(self, u, v, n_entities):
+        self.u, self.v, self.m = u, v, n_entities
+        self.rows = len(u)
+        self.selfs = np.bincount(u[u == v], minlength=n_entities)
+        others = u != v
+        a = np.concatenate([u[others], v[others]])
+        b = np.concatenate([v[others], u[others]])
+        order = np.argsort(a, kind="stable")
+        self.src, self.nbr = a[order], b[order]    # adjacency in CSR form
+        self.degree = np.bincount(a, minlength=n_entities)
+        self.start = np.concatenate([[0], np.cumsum(self.degree)])
+
+    def neighbours(self, e):
+        return self.nbr[self.start[e]:self.start[e + 1]]
+
+    def evaluate(self, side):
+        a, b = side[self.u], side[self.v]
+        return int(np.sum(a & b)), int(np.sum(~a & ~b)), int(np.sum(a ^ b))
+
+    def grow(self, share, rng):
+        """Held-out side (True) grown from a random entity until its share of kept rows >= share."""
+        side = np.zeros(self.m, dtype=bool)
+        gain = -self.degree.astype(np.int64)     # (rows to A) - (rows to B), entities in B
+        tie = rng.permutation(self.m)
+        held, train = 0, self.rows
+        heap: list = []
+        pending = list(rng.permutation(self.m))      # random restarts when the frontier is empty
+        while held < share * (held + train):
+            e = -1
+            while heap:
+                g, _, cand = heapq.heappop(heap)
+                if not side[cand] and -g == gain[cand]:
+                    e = cand
+                    break
+            while e < 0 and pending:
+                cand = pending.pop()
+                if not side[cand]:
+                    e = cand
+            if e < 0:
+                break
+            nb = self.neighbours(e)
+            to_a = int(np.sum(side[nb]))
+            held += to_a + int(self.selfs[e])
+            train -= (len(nb) - to_a) + int(self.selfs[e])
+            side[e] = True
+            for o in nb:
+                if not side[o]:
+                    gain[o] += 2
+                    heapq.heappush(heap, (-int(gain[o]), int(tie[o]), int(o)))
+        return side
+
+    def refine(self, side, share, tolerance, rng, max_passes=8, patience=300):
+        """Fiduccia-Mattheyses passes that keep the held-out share within tolerance; in place."""
+        tie = rng.permutation(self.m)
+        for _ in range(max_passes):
+            held, train, cut = self.evaluate(side)
+            same = np.bincount(self.src, weights=side[self.src] == side[self.nbr],
+                               minlength=self.m).astype(np.int64)   # neighbours on e's side
+            gain = self.degree - 2 * same               # drops removed by moving e across
+            locked = np.zeros(self.m, dtype=bool)
+            heaps = {True: [], False: []}
+            for e in range(self.m):
+                heaps[bool(side[e])].append((-int(gain[e]), int(tie[e]), e))
+            for h in heaps.values():
+                heapq.heapify(h)
+            moves, best_cut, best_len, cur = [], cut, 0, cut
+
+            def top(h, on_a):
+                while h:
+                    g, _, e = h[0]
+                    if locked[e] or side[e] != on_a or -g != gain[e]:
+                        heapq.heappop(h)
+                        continue
+                    return e
+                return -1
+
+            def after(e):
+                s = int(self.selfs[e])
+                k_same = int(same[e])
+                k_other = int(self.degree[e]) - k_same
+                if side[e]:
+                    return held - k_same - s, train + k_other + s
+                return held + k_other + s, train - k_same - s
+
+            def ok(h_t):
+                h, t = h_t
+                if h + t == 0:
+                    return False
+                dev = abs(h / (h + t) - share)
+                return dev <= tolerance or dev < abs(held / max(held + train, 1) - share)
+
+            while True:
+                cands = [e for e in (top(heaps[True], True), top(heaps[False], False)) if e >= 0]
+                cands.sort(key=lambda e: (-gain[e], tie[e]))
+                chosen = next((e for e in cands if ok(after(e))), -1)
+                if chosen < 0:
+                    break
+                held, train = after(chosen)
+                cur -= int(gain[chosen])
+                self._move(chosen, side, same, gain)
+                locked[chosen] = True
+                moves.append(chosen)
+                for o in set(self.neighbours(chosen).tolist()):
+                    if not locked[o]:
+                        heapq.heappush(heaps[bool(side[o])], (-int(gain[o]), int(tie[o]), o))
+                if cur < best_cut and abs(held / max(held + train, 1) - share) <= tolerance:
+                    best_cut, best_len = cur, len(moves)
+                elif len(moves) - best_len > patience:
+                    break
+            for e in reversed(moves[best_len:]):       # roll back to the best prefix
+                self._move(e, side, same, gain)
+            if best_len == 0:
+                return
+
+    def _move(self, e, side, same, gain):
+        nb = self.neighbours(e)
+        old = side[e]
+        side[e] = not old
+        degree_e = len(nb)
+        same[e] = degree_e - same[e]
+        gain[e] = degree_e - 2 * same[e]
+        for o in nb:
+            if side[o] == old:      # was on e's side, now across
+                same[o] -= 1
+                gain[o] += 2
+            else:                   # was across, now on e's side
+                same[o] += 1
+                gain[o] -= 2
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _stats(table, columns, train, calibration, test) -> dict:
+    stats: dict = {}
+    if "label" in table.columns:
+        labels = table["label"].to_numpy()
+        stats["label_counts"] = {
+            name: {str(k): int(v) for k, v in zip(*np.unique(labels[part], return_counts=True))}
+            for name, part in (("train", train), ("calibration", calibration), ("test", test))}
+    train_entities = set()
+    for c in columns:
+        train_entities.update(table[c].to_numpy()[train].tolist())
+    train_entities.discard("")
+
+    def sharing(part):
+        if len(part) == 0:
+            return 0.0
+        hit = np.zeros(len(part), dtype=bool)
+        for c in columns:
+            hit |= table[c].iloc[part].isin(train_entities).to_numpy()
+        return round(float(hit.mean()), 4)
+
+    stats["test_rows_sharing_train_entity"] = sharing(test)
+    stats["calibration_rows_sharing_train_entity"] = sharing(calibration)
+    return stats
