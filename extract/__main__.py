@@ -19,7 +19,7 @@ def main(cfg: DictConfig) -> None:
         path = extract(cfg)
     except (StatementsError, StoreError, ModelError) as err:
         log.error("%s", err)
-        sys.exit(f"error: {err}")
+        sys.exit(1)
     log.info("store ready: %s", path)
 
 

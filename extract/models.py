@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,7 +150,11 @@ def _converted_gguf(gguf: Path, fingerprint: str) -> Path:
     log.info("converting %s to a Hugging Face checkpoint in %s (once)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model.hf_quantizer = None  # the weights are de-quantised float tensors now; save them as such
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.save_pretrained(tmp)
     model.save_pretrained(tmp)
     tmp.rename(target)

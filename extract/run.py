@@ -141,4 +141,9 @@ def _scatter(buffers: dict[int, np.ndarray], out, stmts: np.ndarray, offsets: np
     """Copy a batch's token rows (statement by statement) to their rows in the window buffers."""
     rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in stmts]) - base
     for k, t in out.wait().items():
-        buffers[k][rows] = torch_to_stored(t)
+        values = torch_to_stored(t)
+        if values.dtype != np.uint16 and not np.isfinite(values).all():
+            raise StoreError(f"layer {k} has values beyond the range of {values.dtype} (statements {stmts.min()}.."
+                             f"{stmts.max()} of this window): rerun with dtype=bfloat16 or dtype=float32 "
+                             "and overwrite=true")
+        buffers[k][rows] = values

@@ -522,3 +522,8 @@ def _stats(table, columns, train, calibration, test) -> dict:
     stats["test_rows_sharing_train_entity"] = sharing(test)
     stats["calibration_rows_sharing_train_entity"] = sharing(calibration)
     return stats
+
+
+def entity_groups(table: pd.DataFrame, columns=("object_1", "object_2")) -> np.ndarray:
+    """int64 [N]: statements linked by a shared entity share a group (for grouped cross-validation)."""
+    return _components(_entity_codes(table, list(columns))).astype(np.int64)

@@ -2,19 +2,15 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from extract.config import compose_config
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def extract_config(*overrides: str):
-    """The resolved `python -m extract` config for the given command-line overrides."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="extract", overrides=list(overrides))
+extract_config = partial(compose_config, "extract")
 
 
 @pytest.fixture(scope="session")

@@ -190,3 +190,26 @@ def test_sigkill_then_rerun_equals_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
         for k in (0, 1, 4):
             np.testing.assert_array_equal(a.layer(k), b.layer(k))
+
+
+@pytest.mark.slow
+def test_smollm2_stored_states_equal_plain_gguf_forward(tmp_path):
+    """SmolLM2 (real GGUF weights): the store equals a plain forward of the model loaded directly
+    from the GGUF file by transformers (independent of our converted checkpoint), tokens included."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = extract_config("model=smollm2", "data=word_definitions", "limit=10", f"store_dir={tmp_path}",
+                         "batch_tokens=200")
+    path = extract(cfg)
+    loaded = load_model(cfg.model)
+    gguf = Path(loaded.model_id.split("/", 1)[1])
+    package_dir = Path(__import__("importlib").util.find_spec(cfg.model.package).submodule_search_locations[0])
+    loaded.tokenizer = AutoTokenizer.from_pretrained(str(package_dir), gguf_file=gguf.name)
+    loaded.model = AutoModelForCausalLM.from_pretrained(str(package_dir), gguf_file=gguf.name).eval()
+    with ActivationStore(path) as store:
+        ids, offsets, table = store.token_ids, store.offsets, store.table
+        assert len(set(np.diff(offsets))) > 3
+        for i, statement in enumerate(table["statement"]):
+            text = loaded.tokenizer.apply_chat_template([{"role": "user", "content": statement}], tokenize=False)
+            assert ids[offsets[i]:offsets[i + 1]].tolist() == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    check_against_plain_forward(path, loaded, range(10))
