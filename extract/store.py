@@ -94,7 +94,8 @@ def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], t
 def _allocate_layer(group: h5py.Group, name: str, n_tokens: int, hidden_size: int, dtype: str) -> None:
     """Chunked along tokens, every chunk allocated now (a crash later never touches metadata)."""
     np_dtype = np.dtype(STORED_DTYPES[dtype])
-    rows = int(max(1, min(n_tokens, CHUNK_BYTES // (hidden_size * np_dtype.itemsize))))
+    max_rows = max(1, CHUNK_BYTES // (hidden_size * np_dtype.itemsize))
+    rows = max(1, -(-n_tokens // -(-n_tokens // max_rows)))  # equal chunks: at most a few rows past T
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_chunk((rows, hidden_size))
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
