@@ -24,7 +24,7 @@ from tqdm import tqdm
 from extract.store import ActivationStore, StoreError, store_path
 from probes.conformal import ConformalClassifier, binary_probs, prediction
 from probes.data import task_targets, layer_features
-from probes.metrics import evaluate
+from probes.metrics import auroc, evaluate, mcc, plain_prediction
 from probes.splits import entity_groups, make_split
 
 log = logging.getLogger(__name__)
@@ -91,11 +91,11 @@ def fit_and_evaluate(cfg: DictConfig, features, y: np.ndarray, parts: dict[str, 
     sets = conformal.predict_sets(probs[test])
     pred = prediction(sets)
     metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot)
-    calibration_metrics = evaluate(y[cal], None, probs[cal], seed=cfg.seed, n_boot=0)
     return {
         "config": OmegaConf.to_container(cfg, resolve=True),
         "metrics": metrics,
-        "calibration_metrics": {k: calibration_metrics[k] for k in ("mcc_all", "auroc", "ece")},
+        "calibration_metrics": {"mcc_all": mcc(y[cal], plain_prediction(probs[cal])),
+                                "auroc": auroc(y[cal], probs[cal] if classes > 2 else probs[cal, 1])},
         "probe_params": {str(c): probe.params() for c, probe in heads},
         "conformal": conformal.to_dict(),
         "fit_seconds": time.perf_counter() - started,
