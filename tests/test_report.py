@@ -1,0 +1,60 @@
+"""Reports: the per-layer table equals metrics recomputed with scikit-learn from the cells' stored
+test predictions; seeds are aggregated; plots and best-layer table are written."""
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import matthews_corrcoef
+
+from experiments.report import write_report
+from extract.config import compose_config
+from probes.pipeline import train_probes
+from tests.test_train_probe import make_synthetic_store
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    make_synthetic_store(root / "activations", n_real=500, n_neither=250)
+    run = partial(compose_config, "train_probe", "model.name=synthetic", f"store_dir={root / 'activations'}",
+                  f"results_dir={root / 'results'}", "n_boot=50", "layer=all")
+    for seed in (0, 1):
+        train_probes(run("probe=mean_diff", "task=true_vs_all", f"seed={seed}"))
+    train_probes(run("probe=linear", "task=neither_vs_all"))
+    return root, write_report(root / "results", root / "reports", "synthetic", "city_locations")
+
+
+def recomputed(cell_path) -> tuple[float, float, float]:
+    test = json.loads(cell_path.read_text())["test"]
+    y, pred = np.array(test["y"]), np.array(test["pred"])
+    accepted = pred >= 0
+    mcc = matthews_corrcoef(y[accepted], pred[accepted])
+    return mcc, mcc * accepted.mean(), accepted.mean()
+
+
+def test_table_equals_metrics_recomputed_from_predictions(report_dir):
+    root, out = report_dir
+    table = pd.read_csv(out / "layers.csv")
+    assert len(table) == 2 * 2  # two (probe, task) pairs x layers 0, 1
+    for _, row in table.iterrows():
+        seeds = [0, 1] if row["probe"] == "mean_diff" else [0]
+        paths = [root / "results" / "synthetic" / "city_locations" / row["probe"] / row["task"] / row["split"]
+                 / f"layer={row['layer']}" / f"seed={s}.json" for s in seeds]
+        values = np.array([recomputed(p) for p in paths])
+        assert row["n_seeds"] == len(seeds)
+        np.testing.assert_allclose([row["mcc"], row["wmcc"], row["acceptance"]], values.mean(0), atol=1e-9)
+        if len(seeds) > 1:
+            np.testing.assert_allclose(row["mcc_hi"] - row["mcc"], values[:, 0].std(ddof=1), atol=1e-9)
+
+
+def test_best_layer_and_plots(report_dir):
+    _, out = report_dir
+    best = pd.read_csv(out / "best.csv")
+    assert set(best["layer"]) == {1}  # the planted layer wins on the calibration split
+    for name in ("layers.md", "best.md", "mcc_by_layer.png", "reliability.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "layers.md").read_text().startswith("| probe | task |")
