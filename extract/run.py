@@ -123,11 +123,11 @@ def _fill(path: Path, loaded, token_ids: list[np.ndarray], layers: list[int], cf
                     if previous is not None:
                         _scatter(buffers, *previous, offsets, base)
                     previous = (out, stmts)
+                    bar.update(len(stmts))
                 _scatter(buffers, *previous, offsets, base)
                 if errors:
                     raise errors[0]
                 pending.put((a, b, buffers))
-                bar.update(b - a)
     finally:
         pending.put(None)
         thread.join()
