@@ -112,7 +112,7 @@ def _fill(path: Path, loaded, token_ids: list[np.ndarray], layers: list[int], cf
     bar = tqdm(total=len(token_ids), initial=start, unit="stmt", desc=f"extract {path.name}", smoothing=0.1)
     try:
         with capture:
-            for a, b in plan_windows(offsets, int(cfg.window_tokens), start):
+            for a, b in plan_windows(offsets, window_tokens(cfg, len(layers), hidden), start):
                 base = offsets[a]
                 buffers = {k: np.empty((offsets[b] - base, hidden), dtype=STORED_DTYPES[cfg.dtype])
                            for k in layers}
@@ -135,6 +135,15 @@ def _fill(path: Path, loaded, token_ids: list[np.ndarray], layers: list[int], cf
         writer.close()
     if errors:
         raise errors[0]
+
+
+def window_tokens(cfg: DictConfig, n_layers: int, hidden: int) -> int:
+    """Tokens per window: `window_tokens`, or (auto) as many as fit `window_mb` of buffers per
+    window (three windows are in memory at once: filling, queued, being written)."""
+    if cfg.window_tokens != "auto":
+        return int(cfg.window_tokens)
+    per_token = n_layers * hidden * np.dtype(STORED_DTYPES[cfg.dtype]).itemsize
+    return max(int(cfg.batch_tokens), int(cfg.window_mb) * 2**20 // per_token)
 
 
 def _scatter(buffers: dict[int, np.ndarray], out, stmts: np.ndarray, offsets: np.ndarray, base: int) -> None:

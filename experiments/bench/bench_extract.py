@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from extract.config import compose_config
-from extract.capture import LayerCapture, plan_batches, plan_windows, render
+from extract.capture import plan_batches, plan_windows, render
 from extract.models import load_model
-from extract.run import _fill
+from extract.run import _fill, window_tokens
 from extract.statements import load_statements
 from extract.store import ActivationStore, STORED_DTYPES, create_store
 
@@ -57,7 +57,7 @@ def main(n: int = 2000, model_name: str = "smollm2") -> None:
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in token_ids])])
     layers = list(range(loaded.n_layers + 1))
     batches = [[token_ids[a + i] for i in batch]
-               for a, b in plan_windows(offsets, int(cfg.window_tokens))
+               for a, b in plan_windows(offsets, window_tokens(cfg, len(layers), loaded.hidden_size))
                for batch in plan_batches(np.diff(offsets)[a:b], int(cfg.batch_tokens))]
     print(f"device: {loaded.device} ({torch.cuda.get_device_name() if loaded.device.type == 'cuda' else os.cpu_count()} "
           f"{'GPU' if loaded.device.type == 'cuda' else 'CPU cores'}), torch threads {torch.get_num_threads()}, "
