@@ -1,4 +1,4 @@
-# make run   : install what is missing, then extract SmolLM2 on city_locations (the default job)
+# make run   : install what is missing, then extract SmolLM2 on city_locations, sweep every layer x probe x task, write the report
 # make test  : install what is missing, then run the whole test suite (CI runs exactly this)
 # make test-fast : skip the slow tests (real models, SLURM)
 # GPU users: make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
@@ -22,6 +22,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 run: install
 	$(PY) -m extract model=smollm2 data=city_locations
+	$(PY) -m train_probe experiment=layer_sweep model=smollm2 data=city_locations
+	$(PY) -m experiments.report model=smollm2 data=city_locations
 
 test: install
 	$(PY) -m pytest

@@ -130,6 +130,7 @@ def write_cell(path: Path, cell: dict) -> None:
             json.dump(cell, f, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

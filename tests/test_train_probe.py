@@ -61,7 +61,7 @@ def run_cfg(dirs: Path, *overrides: str):
                         f"results_dir={dirs / 'results'}", "n_boot=100", *overrides)
 
 
-@pytest.mark.parametrize("probe", ["linear", "mlp", "mean_diff"])
+@pytest.mark.parametrize("probe", ["linear", "mlp", "mean_diff", "samil"])
 def test_every_probe_finds_the_planted_direction(synthetic_dirs, probe):
     cfg = run_cfg(synthetic_dirs, f"probe={probe}", "task=true_vs_all", "layer=[0,1]")
     paths = train_probes(cfg)

@@ -1,0 +1,235 @@
+"""Benchmark of probes.samil.SAwMIL (PyTorch, primal) against the `sawmil` package (OSQP).
+
+One run prints:
+  1. our fit time vs the package's on identical synthetic bags (dim 576, ~14
+     tokens a bag; 250 and 500 bags by default): the time ratio and both held-out
+     bag AUROCs, at the same C, eta and candidates (ours with c_scaling="none",
+     which is the package's stage-3 C; ours with the defaults is printed too);
+  2. our fit on 5000 synthetic bags (dim 576, ~14 tokens): wall / CPU time and
+     peak memory (peak RSS of this process during the fit, reset before it via
+     /proc/self/clear_refs; CUDA peak when fitted on a GPU).
+
+Usage:  python experiments/bench/bench_samil.py [--sizes 250 500] [--big 5000]
+        [--skip-package] [--device cuda]
+
+`fit_and_measure(X, offsets, y)` is reusable on real activations, e.g.
+    from experiments.bench.bench_samil import fit_and_measure
+    out = fit_and_measure(X, offsets, y, C=1.0)      # X [T, d], offsets [N+1], y [N]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # repo root, for `probes`
+
+from probes.samil import SAwMIL, last_k_candidates, make_planted_bags  # noqa: E402
+
+
+# ----------------------------------------------------------------------------
+# measurement helpers (reusable)
+# ----------------------------------------------------------------------------
+def _rss_mb(field: str) -> float | None:
+    """VmRSS / VmHWM of this process in MiB (Linux), else None."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False when unavailable."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def fit_and_measure(X, offsets, y, candidates=None, **params) -> dict:
+    """Fit ``SAwMIL(**params)`` on ``X [T, d]``, ``offsets [N+1]``, ``y [N]``; time and memory.
+
+    Returns a dict: ``model``, ``seconds`` (wall), ``cpu_seconds`` (this
+    process, all threads), ``rss_before_mb``, ``peak_rss_mb`` (peak resident
+    memory of the process during the fit; falls back to the lifetime peak
+    ``ru_maxrss`` where the peak cannot be reset), ``peak_increment_mb``
+    (peak minus the RSS before the fit: what the fit itself added),
+    ``cuda_peak_mb`` (device fits), and the data sizes.
+    """
+    device = params.get("device")
+    cuda = device is not None and torch.device(device).type == "cuda"
+    rss_before = _rss_mb("VmRSS")
+    exact_peak = _reset_peak_rss()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+    c0, t0 = _cpu_seconds(), time.perf_counter()
+    model = SAwMIL(**params).fit(X, offsets, y, candidates=candidates)
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+    peak = _rss_mb("VmHWM") if exact_peak else None
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return dict(
+        model=model, seconds=seconds, cpu_seconds=cpu,
+        rss_before_mb=rss_before, peak_rss_mb=peak,
+        peak_increment_mb=(peak - rss_before) if rss_before is not None else None,
+        peak_is_exact=exact_peak,
+        cuda_peak_mb=(torch.cuda.max_memory_allocated(device) / 2**20) if cuda else None,
+        n_bags=len(offsets) - 1, n_tokens=int(offsets[-1]), dim=int(X.shape[1]),
+    )
+
+
+def bag_auroc(y, scores) -> float:
+    from sklearn.metrics import roc_auc_score
+    return float(roc_auc_score(np.asarray(y), np.asarray(scores)))
+
+
+def split_bags(X, offsets, y, idx):
+    """Bags ``idx`` of a padding-free set -> (X, offsets, y)."""
+    rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in idx])
+    lens = np.array([offsets[i + 1] - offsets[i] for i in idx])
+    return X[rows], np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), y[idx]
+
+
+# ----------------------------------------------------------------------------
+# the package (OSQP)
+# ----------------------------------------------------------------------------
+def _blas_one_thread():
+    # numpy's OpenBLAS can crash on large X @ X.T with 2 threads on these machines
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
+def package_fit_and_score(Xtr, otr, ytr, cand, Xte, ote, C, eta):
+    """Fit sawmil.sAwMIL (OSQP in both stages) and score the test bags. -> (scores, seconds)."""
+    import sawmil
+    logging.getLogger("sparse_mil.kernels").setLevel(logging.ERROR)
+
+    class PkgSAwMIL(sawmil.sAwMIL):
+        """The package's sAwMIL with `solver` forwarded to its stage 1 (it is not, upstream)."""
+
+        def __fit_mil__(self, bags):
+            smil = sawmil.sMIL(C=self.C, kernel=self.kernel, normalizer=self.normalizer, p=self.p,
+                               scale_C=self.scale_C, tol=self.tol, verbose=self.verbose,
+                               solver=self.solver, solver_params=self.solver_params)
+            smil.fit(bags)
+            self.smil_ = smil
+
+    def bags(X, off, y=None, m=None):
+        return [sawmil.Bag(X=np.asarray(X[off[i]:off[i + 1]], dtype=np.float64),
+                           y=0.0 if y is None else float(y[i]),
+                           intra_bag_mask=None if m is None else m[off[i]:off[i + 1]].astype(float))
+                for i in range(len(off) - 1)]
+
+    train = bags(Xtr, otr, ytr, cand)
+    test = bags(Xte, ote)
+    with _blas_one_thread():
+        t0 = time.perf_counter()
+        model = PkgSAwMIL(C=C, kernel=sawmil.Linear(), solver="osqp", eta=eta).fit(train)
+        seconds = time.perf_counter() - t0
+        scores = model.decision_function(test)
+    return scores, seconds
+
+
+# ----------------------------------------------------------------------------
+# the runs
+# ----------------------------------------------------------------------------
+def compare_with_package(n_bags: int, dim: int = 576, C: float = 0.1, eta: float = 0.1,
+                         shift: float = 8.0, n_test: int = 500, seed: int = 0, device=None):
+    X, off, y, _, _ = make_planted_bags(n_bags + n_test, dim, shift=shift, seed=seed)
+    Xtr, otr, ytr = split_bags(X, off, y, np.arange(n_bags))
+    Xte, ote, yte = split_bags(X, off, y, np.arange(n_bags, n_bags + n_test))
+    cand = last_k_candidates(otr, k=2).numpy()
+    print(f"[{n_bags} bags, {len(Xtr)} tokens, dim {dim}; C={C}, eta={eta}; test {n_test} bags]", flush=True)
+    same = fit_and_measure(Xtr, otr, ytr, candidates=cand, C=C, eta=eta, c_scaling="none", device=device)
+    same1 = fit_and_measure(Xtr, otr, ytr, candidates=cand, C=C, eta=eta, c_scaling="none",
+                            device=device, num_threads=1)
+    dflt = fit_and_measure(Xtr, otr, ytr, device=device)
+    auc_ours = bag_auroc(yte, same["model"].decision_function(Xte, ote))
+    auc_dflt = bag_auroc(yte, dflt["model"].decision_function(Xte, ote))
+    print(f"  ours, c_scaling='none'           fit {same['seconds']:8.2f} s   bag AUROC {auc_ours:.4f}"
+          f"   (cpu {same['cpu_seconds']:.1f} s, {torch.get_num_threads()} threads)")
+    print(f"  ours, c_scaling='none', 1 thread fit {same1['seconds']:8.2f} s"
+          f"   (identical model: {bool(torch.equal(same['model'].coef_, same1['model'].coef_))})")
+    print(f"  ours, defaults                   fit {dflt['seconds']:8.2f} s   bag AUROC {auc_dflt:.4f}", flush=True)
+    s_pkg, t_pkg = package_fit_and_score(Xtr, otr, ytr, cand, Xte, ote, C, eta)
+    auc_pkg = bag_auroc(yte, s_pkg)
+    print(f"  package sAwMIL (OSQP)            fit {t_pkg:8.2f} s   bag AUROC {auc_pkg:.4f}")
+    print(f"  time ratio package / ours        {t_pkg / same['seconds']:8.1f}x "
+          f"({t_pkg / same1['seconds']:.1f}x with 1 thread)  (target >= 50x)")
+    print(f"  AUROC ours - package             {auc_ours - auc_pkg:+.4f}    (target >= 0)", flush=True)
+    return dict(n_bags=n_bags, t_pkg=t_pkg, t_ours=same["seconds"], t_ours_1thread=same1["seconds"],
+                auc_pkg=auc_pkg, auc_ours=auc_ours, auc_default=auc_dflt)
+
+
+def big_fit(n_bags: int = 5000, dim: int = 576, seed: int = 1, device=None, n_test: int = 1000,
+            num_threads=None):
+    X, off, y, _, _ = make_planted_bags(n_bags + n_test, dim, shift=8.0, seed=seed)
+    Xtr, otr, ytr = split_bags(X, off, y, np.arange(n_bags))
+    Xte, ote, yte = split_bags(X, off, y, np.arange(n_bags, n_bags + n_test))
+    del X
+    out = fit_and_measure(Xtr, otr, ytr, device=device, num_threads=num_threads)
+    m = out["model"]
+    info = m.fit_info_
+    print(f"[{n_bags} bags, {out['n_tokens']} tokens, dim {dim}, float32 input "
+          f"{Xtr.nbytes / 2**20:.0f} MiB; {m.get_params()}]")
+    print(f"  fit wall {out['seconds']:.1f} s, cpu {out['cpu_seconds']:.1f} s "
+          f"(stage 1 {info['stage1']['seconds']:.1f} s / {info['stage1']['n_iter']} Newton steps, "
+          f"stage 3 {info['stage3']['seconds']:.1f} s / {info['stage3']['n_iter']})  (target < 60 s)")
+    print(f"  memory: RSS before {out['rss_before_mb']:.0f} MiB, peak during fit {out['peak_rss_mb']:.0f} MiB"
+          f"{'' if out['peak_is_exact'] else ' (lifetime peak)'}, added by the fit "
+          f"{out['peak_increment_mb']:.0f} MiB  (target < 2048 MiB)"
+          + (f", CUDA peak {out['cuda_peak_mb']:.0f} MiB" if out["cuda_peak_mb"] is not None else ""))
+    print(f"  converged: stage 1 {info['stage1']['converged']} (gap {info['stage1']['duality_gap']:.1e}), "
+          f"stage 3 {info['stage3']['converged']} (gap {info['stage3']['duality_gap']:.1e}); "
+          f"eta_ {m.eta_:.3f}, fallback {m.fallback_used_}")
+    print(f"  held-out bag AUROC ({n_test} bags) {bag_auroc(yte, m.decision_function(Xte, ote)):.4f}")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[250, 500])
+    ap.add_argument("--big", type=int, default=5000)
+    ap.add_argument("--dim", type=int, default=576)
+    ap.add_argument("--skip-package", action="store_true")
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if not args.skip_package:
+        for n in args.sizes:
+            compare_with_package(n, args.dim, device=args.device)
+    if args.big:
+        big_fit(args.big, args.dim, device=args.device)
+        if args.device is None or torch.device(args.device).type == "cpu":
+            big_fit(args.big, args.dim, device=args.device, num_threads=1)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
