@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from extract.config import compose_config
+
 from extract.statements import load_statements
 from probes.splits import Split, SplitError, make_split
 
@@ -133,8 +135,8 @@ def test_entity_disjoint_is_deterministic_per_seed(tables, disjoint_splits):
 
 
 def test_entity_disjoint_config_file(tables):
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "entity_disjoint.yaml"))
-    assert cfg["kind"] == "entity_disjoint"
+    cfg = OmegaConf.to_container(compose_config("train_probe", "split=entity_disjoint", "seed=3").split, resolve=True)
+    assert cfg["kind"] == "entity_disjoint" and cfg["seed"] == 3  # the split follows the run's seed
     split = make_split(tables["word_definitions"], **cfg)
     json.dumps(split.summary())
     assert split.summary()["params"]["entity_columns"] == ["object_1", "object_2"]

