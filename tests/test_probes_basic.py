@@ -16,7 +16,6 @@ from probes.linear import LinearProbe
 from probes.mean_diff import MeanDiffProbe, within_class_ledoit_wolf
 from probes.mlp import MLPProbe
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "probe"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -179,14 +178,16 @@ def test_mean_representation_recorded_and_bags_reduced(data):
 
 
 def test_hydra_configs_instantiate():
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+    from extract.config import compose_config
+    from probes.pipeline import make_probe
+    from probes.samil import SAMILProbe
 
-    expected = {"linear": LinearProbe, "mlp": MLPProbe, "mean_diff": MeanDiffProbe}
+    expected = {"linear": LinearProbe, "mlp": MLPProbe, "mean_diff": MeanDiffProbe, "samil": SAMILProbe,
+                "sawmil": SAMILProbe}
     for name, cls in expected.items():
-        probe = instantiate(OmegaConf.load(CONF / f"{name}.yaml"))
-        assert type(probe) is cls and probe.representation == "last"
-    linear = instantiate(OmegaConf.load(CONF / "linear.yaml"), representation="mean", C=0.5)
+        probe = make_probe(compose_config("train_probe", f"probe={name}"))
+        assert type(probe) is cls and probe.representation == ("bags" if cls is SAMILProbe else "last")
+    linear = make_probe(compose_config("train_probe", "probe=linear", "probe.representation=mean", "probe.C=0.5"))
     assert linear.representation == "mean" and linear.C == 0.5 and linear.Cs == (0.001, 0.01, 0.1, 1.0, 10.0)
 
 
