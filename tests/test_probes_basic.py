@@ -1,7 +1,6 @@
 """Linear, MLP and mean-difference probes on synthetic data with a planted direction."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import lightning as L
 import numpy as np
