@@ -166,3 +166,39 @@ def test_sixteen_concurrent_writers_leave_no_partial_cell(tmp_path):
         assert sorted(pending.get()) == list(range(16))
     assert json.loads(path.read_text())["i"] == 9
     assert [p.name for p in path.parent.iterdir()] == ["seed=0.json"]
+
+
+@pytest.mark.slow
+def test_killed_sweep_relaunch_runs_only_missing_cells(tmp_path):
+    """Kill a local multirun (SIGKILL) after its first cells, relaunch it: only the missing cells
+    are computed, and the final cells equal those of an uninterrupted sweep."""
+    import signal
+    import time
+
+    make_synthetic_store(tmp_path / "activations", n_real=300, n_neither=150)
+    sweep = ["-m", "probe=mean_diff,linear", "task=true_vs_all,false_vs_all", "layer=0,1", "n_boot=50"]
+
+    def launch(results: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "train_probe", *sweep, "model.name=synthetic",
+                                 f"store_dir={tmp_path / 'activations'}", f"results_dir={tmp_path / results}",
+                                 f"hydra.sweep.dir={tmp_path / 'logs' / results / str(time.time())}"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def cells(results: str) -> dict:
+        return {p.relative_to(tmp_path / results): p for p in (tmp_path / results).rglob("seed=*.json")}
+
+    proc = launch("killed")
+    while len(cells("killed")) < 2 and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {k: p.stat().st_mtime_ns for k, p in cells("killed").items()}
+    assert 2 <= len(before) < 8, "the sweep finished before it could be killed"
+    assert launch("killed").wait() == 0
+    after = cells("killed")
+    rerun = [k for k, p in after.items() if k not in before or p.stat().st_mtime_ns != before[k]]
+    assert len(after) == 8 and len(rerun) == 8 - len(before)  # only the missing cells ran
+    assert launch("clean").wait() == 0
+    for key, path in cells("clean").items():
+        a, b = json.loads(path.read_text()), json.loads(after[key].read_text())
+        assert a["metrics"] == b["metrics"] and a["test"] == b["test"]
