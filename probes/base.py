@@ -55,7 +55,9 @@ class Features:
 
 
 class Probe(L.LightningModule):
-    """Base class: subclasses set `representation` and implement fit / decision_function / params."""
+    """Base class: subclasses set `representation` and implement fit / decision_function, and put
+    their chosen hyperparameters in `self._params`. `state_dict()` carries the fitted tensors and
+    `params()`, and a freshly built probe of the same settings loads it."""
 
     representation = "last"  # "last" | "mean" | "bags"
 
@@ -66,4 +68,28 @@ class Probe(L.LightningModule):
         raise NotImplementedError
 
     def params(self) -> dict:
-        return {}
+        return dict(getattr(self, "_params", {}))
+
+    def get_extra_state(self):
+        return {"params": self.params()}
+
+    def set_extra_state(self, state) -> None:
+        self._params = dict(state.get("params", {}))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        resize_placeholders(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def resize_placeholders(module: torch.nn.Module, state_dict: dict, prefix: str) -> None:
+    """Before `load_state_dict`: give the module's own unfitted (empty) parameters and buffers the
+    shapes stored in `state_dict`, so a fresh probe can load a fitted one's state."""
+    for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
+        stored = state_dict.get(prefix + name)
+        if tensor is None or stored is None or stored.shape == tensor.shape or tensor.numel() != 0:
+            continue
+        fresh = torch.zeros(stored.shape, dtype=tensor.dtype, device=tensor.device)
+        if name in module._parameters:
+            module._parameters[name] = torch.nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+        else:
+            module._buffers[name] = fresh

@@ -30,7 +30,7 @@ from probes.base import Features, Probe
 
 __all__ = ["LinearProbe", "statement_vectors", "check_labels", "balanced_weights", "kfold_splits",
            "holdout_split", "resolve_device", "quiet_lightning", "make_trainer", "draw_seed",
-           "standardiser", "resize_placeholders", "FullBatch"]
+           "standardiser", "FullBatch"]
 
 _EPS = 1e-8
 
@@ -175,20 +175,6 @@ def standardiser(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     std = X.double().std(0, unbiased=False)
     std = torch.where(std > _EPS * max(float(std.max()), 1.0), std, torch.ones_like(std))
     return mean.float(), std.float()
-
-
-def resize_placeholders(module: torch.nn.Module, state_dict: dict, prefix: str) -> None:
-    """Before `load_state_dict`: give the module's own unfitted (empty) parameters and buffers the
-    shapes stored in `state_dict`, so a fresh probe can load a fitted one's state."""
-    for name, tensor in list(module._parameters.items()) + list(module._buffers.items()):
-        stored = state_dict.get(prefix + name)
-        if tensor is None or stored is None or stored.shape == tensor.shape or tensor.numel() != 0:
-            continue
-        fresh = torch.zeros(stored.shape, dtype=tensor.dtype, device=tensor.device)
-        if name in module._parameters:
-            module._parameters[name] = torch.nn.Parameter(fresh, requires_grad=tensor.requires_grad)
-        else:
-            module._buffers[name] = fresh
 
 
 class FullBatch(Dataset):
@@ -363,20 +349,6 @@ class LinearProbe(Probe):
             raise RuntimeError("LinearProbe is not fitted")
         X = statement_vectors(data, self.representation).to(self.mean.device)
         return (((X - self.mean) / self.std) @ self.weight + self.bias).double().cpu().numpy()
-
-    def params(self) -> dict:
-        return dict(self._params)
-
-    # -- saving / loading: state_dict() carries the fitted weights, standardisation and params() --
-    def get_extra_state(self):
-        return {"params": self._params}
-
-    def set_extra_state(self, state) -> None:
-        self._params = dict(state.get("params", {}))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        resize_placeholders(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- the direction in the original (unstandardised) feature space ----------------------------
     @property

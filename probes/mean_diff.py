@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from probes.base import Features, Probe
-from probes.linear import (check_labels, resize_placeholders, resolve_device, standardiser,
+from probes.linear import (check_labels, resolve_device, standardiser,
                            statement_vectors)
 
 __all__ = ["MeanDiffProbe", "within_class_ledoit_wolf"]
@@ -125,19 +125,6 @@ class MeanDiffProbe(Probe):
             raise RuntimeError("MeanDiffProbe is not fitted")
         X = statement_vectors(data, self.representation).to(self.direction.device)
         return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
-
-    def params(self) -> dict:
-        return dict(self._params)
-
-    def get_extra_state(self):
-        return {"params": self._params}
-
-    def set_extra_state(self, state) -> None:
-        self._params = dict(state.get("params", {}))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        resize_placeholders(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def coef_(self) -> np.ndarray:

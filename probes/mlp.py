@@ -20,9 +20,9 @@ from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from probes.base import Features, Probe
+from probes.base import Features, Probe, resize_placeholders
 from probes.linear import (FullBatch, balanced_weights, check_labels, draw_seed, holdout_split,
-                           make_trainer, quiet_lightning, resize_placeholders, standardiser,
+                           make_trainer, quiet_lightning, standardiser,
                            statement_vectors)
 
 __all__ = ["MLPProbe"]
@@ -180,16 +180,6 @@ class MLPProbe(Probe):
         out = torch.cat([self(X[s:s + 8192].to(device)) for s in range(0, len(X), 8192)]) if len(X) else torch.zeros(0)
         self.train(was_training)
         return out.double().cpu().numpy()
-
-    def params(self) -> dict:
-        return dict(self._params)
-
-    # -- saving / loading: state_dict() carries the network, standardisation and params() ---------
-    def get_extra_state(self):
-        return {"params": self._params}
-
-    def set_extra_state(self, state) -> None:
-        self._params = dict(state.get("params", {}))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         resize_placeholders(self, state_dict, prefix)
