@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 

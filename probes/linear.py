@@ -8,191 +8,22 @@ Objective (per fit, on standardised features z_i, labels t_i in {-1, +1}, sample
 with l(m) = log(1 + exp(-m)) (logistic) or max(0, 1 - m)^2 (squared hinge). This is sklearn's
 `LogisticRegression(C=C)` objective divided by C * n, so it has the same minimiser; the bias is not
 penalised. Solved full-batch with L-BFGS (strong Wolfe line search) inside a `lightning.Trainer`.
-
-The small helpers at the top (statement vectors, class weights, grouped splits, a quiet Trainer) are
-shared with `probes.mlp` and `probes.mean_diff`.
 """
 from __future__ import annotations
 
-import logging
-import warnings
-from contextlib import contextmanager
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
-from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from probes.base import Features, Probe
+from probes.base import (Features, FullBatch, Probe, balanced_weights, check_labels, draw_seed, kfold_splits,
+                         make_trainer, quiet_lightning, standardiser, statement_vectors)
 
-__all__ = ["LinearProbe", "statement_vectors", "check_labels", "balanced_weights", "kfold_splits",
-           "holdout_split", "resolve_device", "quiet_lightning", "make_trainer", "draw_seed",
-           "standardiser", "FullBatch"]
-
-_EPS = 1e-8
+__all__ = ["LinearProbe"]
 
 
-# ----------------------------------------------------------------------------------------------
-# shared helpers
-# ----------------------------------------------------------------------------------------------
-def statement_vectors(data: Features, representation: str) -> torch.Tensor:
-    """float32 [N, d]: one vector per statement.
-
-    Per-statement features (no offsets) are returned as they are: the caller loaded the layer in the
-    representation the probe asked for. Bags are reduced here: "last" takes each bag's last token,
-    "mean" averages its tokens (an empty bag gives zeros).
-    """
-    if representation not in ("last", "mean"):
-        raise ValueError(f"representation must be 'last' or 'mean', got {representation!r}")
-    X = data.X
-    if not data.is_bags:
-        return X.float()
-    offsets = data.offsets.to(torch.long)
-    lengths = offsets[1:] - offsets[:-1]
-    if representation == "last":
-        if bool((lengths == 0).any()):
-            raise ValueError("an empty bag has no last token")
-        return X[offsets[1:] - 1].float()
-    rows = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
-    out = torch.zeros(len(lengths), X.shape[1], dtype=torch.float32, device=X.device)
-    out.index_add_(0, rows.to(X.device), X.float())
-    return out / lengths.clamp(min=1).to(out)[:, None]
-
-
-def check_labels(y, n: int) -> np.ndarray:
-    """int64 [N] in {0, 1}; both classes must be present."""
-    y = np.asarray(y).reshape(-1)
-    if len(y) != n:
-        raise ValueError(f"{len(y)} labels for {n} statements")
-    if not np.isin(y, (0, 1)).all():
-        raise ValueError("labels must be 0 / 1")
-    y = y.astype(np.int64)
-    if y.min() == y.max():
-        raise ValueError("both classes must be present in the training split")
-    return y
-
-
-def balanced_weights(y: np.ndarray, class_weight: str | None) -> np.ndarray:
-    """float32 [N] sample weights: n / (2 n_c) per class for "balanced" (sklearn's rule), else ones."""
-    y = np.asarray(y)
-    if class_weight is None or class_weight == "none":
-        return np.ones(len(y), dtype=np.float32)
-    if class_weight != "balanced":
-        raise ValueError(f"class_weight must be 'balanced' or None, got {class_weight!r}")
-    counts = np.bincount(y, minlength=2).astype(np.float64)
-    w = len(y) / (2.0 * np.maximum(counts, 1.0))
-    return w[y].astype(np.float32)
-
-
-def draw_seed(seed: int | None) -> int:
-    """`seed` itself, or a seed drawn from torch's global generator (set by `seed_everything`)."""
-    if seed is not None:
-        return int(seed)
-    return int(torch.randint(0, 2**31 - 1, (1,)).item())
-
-
-def kfold_splits(y: np.ndarray, groups: np.ndarray | None, n_splits: int, seed: int):
-    """(train_idx, test_idx) pairs: class-stratified k-fold, grouped (no group in two folds) when
-    `groups` is given. Fewer folds when there are too few groups / minority-class members;
-    an empty list when fewer than 2 folds are possible."""
-    y = np.asarray(y)
-    n_min = int(np.bincount(y, minlength=2).min())
-    if groups is not None:
-        n_groups = len(np.unique(groups))
-        k = min(n_splits, n_groups, n_min)
-        if k < 2:
-            return []
-        splitter = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "least populated class ..." on tiny data
-            folds = list(splitter.split(np.zeros(len(y)), y, groups))
-    else:
-        k = min(n_splits, n_min)
-        if k < 2:
-            return []
-        folds = list(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
-    # a fold whose training part misses a class cannot be fitted
-    return [(tr, te) for tr, te in folds if len(np.unique(y[tr])) == 2 and len(te) > 0]
-
-
-def holdout_split(y: np.ndarray, groups: np.ndarray | None, fraction: float, seed: int):
-    """(fit_idx, val_idx): about `fraction` of the statements held out, class-stratified, and grouped
-    (whole groups held out) when `groups` is given."""
-    n_splits = max(2, int(round(1.0 / fraction)))
-    folds = kfold_splits(y, groups, n_splits, seed)
-    if not folds:  # too few groups: hold out statements
-        folds = kfold_splits(y, None, n_splits, seed)
-    if not folds:
-        raise ValueError("too few statements of the minority class for a held-out split")
-    return folds[0]
-
-
-def resolve_device(accelerator: str) -> torch.device:
-    """The device a closed-form probe computes on: "auto" -> cuda when available, else cpu."""
-    acc = str(accelerator).lower()
-    if acc == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if acc in ("gpu", "cuda"):
-        return torch.device("cuda")
-    return torch.device(acc)
-
-
-@contextmanager
-def quiet_lightning():
-    """Silence the Trainer's per-fit info lines and data-loader hints (the caller shows progress)."""
-    names = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*number of training batches.*")
-            warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
-            warnings.filterwarnings("ignore", message=".*srun.*")
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning 2.6 on torch >= 2.10
-            yield
-    finally:
-        for lg, lvl in zip(loggers, levels):
-            lg.setLevel(lvl)
-
-
-def make_trainer(accelerator: str, max_epochs: int, callbacks=None, **kwargs) -> L.Trainer:
-    """A single-device Trainer without logger / checkpoints / progress bar / model summary."""
-    return L.Trainer(accelerator=accelerator, devices=1, max_epochs=max_epochs, callbacks=callbacks,
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
-                     **kwargs)
-
-
-def standardiser(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Column mean and (population) std of X, std floored so constant columns divide by 1."""
-    mean = X.double().mean(0)
-    std = X.double().std(0, unbiased=False)
-    std = torch.where(std > _EPS * max(float(std.max()), 1.0), std, torch.ones_like(std))
-    return mean.float(), std.float()
-
-
-class FullBatch(Dataset):
-    """A data set of one item: the whole training split (for full-batch optimisers)."""
-
-    def __init__(self, *tensors: torch.Tensor):
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, i):
-        return self.tensors
-
-
-# ----------------------------------------------------------------------------------------------
-# the probe
-# ----------------------------------------------------------------------------------------------
 def _margin_loss(margin: torch.Tensor, loss: str) -> torch.Tensor:
     if loss == "logistic":
         return F.softplus(-margin)

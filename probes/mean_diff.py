@@ -16,9 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import Features, Probe
-from probes.linear import (check_labels, resolve_device, standardiser,
-                           statement_vectors)
+from probes.base import Features, Probe, check_labels, resolve_device, standardiser, statement_vectors
 
 __all__ = ["MeanDiffProbe", "within_class_ledoit_wolf"]
 

@@ -243,7 +243,6 @@ def ece(y_true, scores_or_probs, n_bins: int = 10) -> float:
     correct = (plain_prediction(scores_or_probs) == yt).astype(np.float64)
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     b = np.digitize(conf, edges[1:-1], right=True)
-    n_b = np.bincount(b, minlength=n_bins)
     acc_sum = np.bincount(b, weights=correct, minlength=n_bins)
     conf_sum = np.bincount(b, weights=conf, minlength=n_bins)
     return float(np.abs(acc_sum - conf_sum).sum() / yt.size)

@@ -20,10 +20,8 @@ from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from probes.base import Features, Probe, resize_placeholders
-from probes.linear import (FullBatch, balanced_weights, check_labels, draw_seed, holdout_split,
-                           make_trainer, quiet_lightning, standardiser,
-                           statement_vectors)
+from probes.base import (Features, FullBatch, Probe, balanced_weights, check_labels, draw_seed, holdout_split,
+                         make_trainer, quiet_lightning, resize_placeholders, standardiser, statement_vectors)
 
 __all__ = ["MLPProbe"]
 

@@ -524,6 +524,11 @@ def _stats(table, columns, train, calibration, test) -> dict:
     return stats
 
 
-def entity_groups(table: pd.DataFrame, columns=("object_1", "object_2")) -> np.ndarray:
-    """int64 [N]: statements linked by a shared entity share a group (for grouped cross-validation)."""
+def entity_groups(table: pd.DataFrame, columns=("object_1",)) -> np.ndarray:
+    """int64 [N]: statements linked by a shared entity of `columns` share a group (for grouped
+    cross-validation inside the training split).
+
+    The default groups by subject (`object_1`: the city, drug or word) only: linking objects too
+    (countries, conditions, definitions) joins nearly every real statement into one component (two
+    groups in the city and med training splits), and grouped folds then hold out whole classes."""
     return _components(_entity_codes(table, list(columns))).astype(np.int64)

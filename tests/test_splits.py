@@ -169,3 +169,19 @@ def test_small_or_unsplittable_input_raises(tables):
     _one_line_error("leaves no training", tables["city_locations"], test_size=0.5, calibration_size=0.5)
     with pytest.raises(SplitError):
         make_split(tables["city_locations"], test_size=0)
+
+
+@pytest.mark.parametrize("pack", PACKS)
+def test_cv_groups_give_folds_with_every_class(pack):
+    """The groups of grouped CV inside the training split (one per subject entity) are small, so
+    every fold holds out statements of every class (linking objects too made two giant groups)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+    from probes.splits import entity_groups
+
+    table = load_statements(pack)
+    train = make_split(table, kind="entity_disjoint", seed=0).train
+    groups, labels = entity_groups(table)[train], table["label"].to_numpy()[train]
+    assert np.bincount(groups).max() < 0.02 * len(train)
+    for _, held in StratifiedGroupKFold(5, shuffle=True, random_state=0).split(train, labels, groups):
+        shares = np.bincount(labels[held], minlength=3) / len(held)
+        assert np.abs(shares - np.bincount(labels, minlength=3) / len(labels)).max() < 0.05
