@@ -1091,10 +1091,11 @@ class SAMILProbe(Probe):
 
     def params(self) -> dict:
         e = self.estimator
-        return {"C": self.chosen_C, "cv_auroc": {str(c): a for c, a in self.cv_auroc.items()},
-                "eta": float(e.eta_), "fallback_used": bool(e.fallback_used_), "standardize": self.standardize,
-                "fit_seconds": e.fit_info_["seconds"], **{
-                    k: v for k, v in self.options.items() if isinstance(v, (int, float, str, type(None)))}}
+        options = {k: v for k, v in self.options.items() if isinstance(v, (int, float, str, type(None)))}
+        return {**options, "eta_target": options["eta"], "C": self.chosen_C,
+                "cv_auroc": {str(c): a for c, a in self.cv_auroc.items()}, "eta": float(e.eta_),
+                "fallback_used": bool(e.fallback_used_), "standardize": self.standardize,
+                "fit_seconds": e.fit_info_["seconds"]}
 
 
 def _numpy(x) -> np.ndarray:
