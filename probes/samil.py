@@ -327,6 +327,17 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
         w_a = X.T @ (a * y)
         return float((rho * a).sum() - 0.5 * (w_a @ w_a))
 
+    def certify(w_: torch.Tensor, b_: float, a_: torch.Tensor, name: str, **info) -> bool:
+        """Exact objective and duality gap of a candidate (w_, b_) with multipliers a_ [n]:
+        recorded in this level's history, kept if it is the best so far; True if within tol."""
+        nonlocal best
+        P_ = exact(w_, rho - y * (X @ w_ + b_))
+        gap_ = max(P_ - dual(a_), 0.0)
+        rec.update({f"{name}_P": P_, f"{name}_gap": gap_, **info})
+        if gap_ < best[3]:
+            best = (w_, b_, P_, gap_)
+        return gap_ <= tol * max(abs(P_), 1e-12)
+
     t_begin = time.perf_counter()
     n_iter = 0
     mu = float(mu0)
@@ -354,14 +365,7 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
             pol = _polish(X, y, c, rho, u, mu, working_set, move_frac=_MOVE_FRAC)
             rec["polish_seconds"] = time.perf_counter() - t_pol
             if pol is not None:
-                w_p, b_p, a_p, rounds = pol
-                u_p = rho - y * (X @ w_p + b_p)
-                P_p = exact(w_p, u_p)
-                gap_p = max(P_p - dual(a_p), 0.0)
-                rec.update(polish_P=P_p, polish_gap=gap_p, polish_rounds=rounds)
-                if gap_p < best[3]:
-                    best = (w_p, b_p, P_p, gap_p)
-                converged = gap_p <= tol * max(abs(P_p), 1e-12)
+                converged = certify(*pol[:3], "polish", polish_rounds=pol[3])
         if not converged and polish and (level == 1 or (level == 0 and n <= _IPM_FULL_N)):
             # the active-set guess did not settle: interior point on the examples near
             # the margin (all of them when n is small), robust to degeneracy/conditioning
@@ -370,27 +374,15 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
             rec["ipm_seconds"] = time.perf_counter() - t_ipm
             if res is not None:
                 w_i, b_i, a_i, its, n_ws = res
-                u_i = rho - y * (X @ w_i + b_i)
-                P_i = exact(w_i, u_i)
-                gap_i = max(P_i - dual(a_i), 0.0)
-                rec.update(ipm_P=P_i, ipm_gap=gap_i, ipm_iter=its, ipm_set=n_ws)
-                if gap_i < best[3]:
-                    best = (w_i, b_i, P_i, gap_i)
-                converged = gap_i <= tol * max(abs(P_i), 1e-12)
+                converged = certify(w_i, b_i, a_i, "ipm", ipm_iter=its, ipm_set=n_ws)
                 # the interior solution tells the partition (on the margin: |u| < 1e-6);
                 # a polish from it lands on the exact (vertex) solution
                 delta = 1e-6
+                u_i = rho - y * (X @ w_i + b_i)
                 pol = _polish(X, y, c, rho, u_i + delta, 2 * delta, working_set=0.0, max_rounds=10,
                               move_frac=_MOVE_FRAC)
                 if pol is not None:
-                    w_p, b_p, a_p, rounds = pol
-                    u_p = rho - y * (X @ w_p + b_p)
-                    P_p = exact(w_p, u_p)
-                    gap_p = max(P_p - dual(a_p), 0.0)
-                    rec.update(polish_P=P_p, polish_gap=gap_p, polish_rounds=rounds)
-                    if gap_p < best[3]:
-                        best = (w_p, b_p, P_p, gap_p)
-                        converged = converged or gap_p <= tol * max(abs(P_p), 1e-12)
+                    converged = certify(*pol[:3], "polish", polish_rounds=pol[3]) or converged
         rec["seconds"] = time.perf_counter() - t_begin
         history.append(rec)
         if converged or n_iter >= max_iter or mu <= mu_min:

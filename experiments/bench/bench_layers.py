@@ -1,0 +1,47 @@
+"""Benchmark: `layer=all` for the four probes on one store (default: SmolLM2 city_locations).
+
+For each probe, one `train_probes` call trains every stored layer in this process (one read of each
+layer) for one task; prints the total wall time, the time per layer and the fitting share (the rest is
+reading the layer, the calibration map, conformal sets and bootstrap intervals).
+
+Usage: python -m experiments.bench.bench_layers [model=smollm2 data=city_locations task=true_vs_all]
+       [samil_C=100]   (samil_C=null: samil chooses C by grouped CV, ~10 fits per layer)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from extract.config import compose_config
+from probes.pipeline import train_probes
+
+PROBES = ("linear", "mean_diff", "mlp", "samil")
+
+
+def main(argv: list[str]) -> None:
+    options = dict(a.split("=", 1) for a in argv)
+    samil_C = options.pop("samil_C", "100")
+    overrides = [f"{k}={v}" for k, v in options.items()]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
+    print("| probe | layers | total | per layer | fitting share |\n|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as results:
+        for probe in PROBES:
+            extra = [f"probe.C={samil_C}"] if probe == "samil" else []
+            cfg = compose_config("train_probe", f"probe={probe}", "layer=all", f"results_dir={results}",
+                                 *overrides, *extra)
+            started = time.perf_counter()
+            paths = train_probes(cfg)
+            total = time.perf_counter() - started
+            fitting = sum(json.loads(p.read_text())["fit_seconds"] for p in paths)
+            print(f"| {probe}{' C=' + samil_C if extra else ''} | {len(paths)} | {total:.0f} s | "
+                  f"{total / len(paths):.1f} s | {fitting / total:.0%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
