@@ -8,7 +8,6 @@ first stage (sMIL), so `_PkgSAwMIL` below forwards it.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import warnings
@@ -18,6 +17,7 @@ import pytest
 import torch
 from sklearn.metrics import matthews_corrcoef, roc_auc_score
 
+from experiments.bench.bench_samil import blas_one_thread, package_fit_and_score
 from probes.samil import (
     SAwMIL,
     fit_linear_svm,
@@ -46,30 +46,11 @@ def _train_test(n_train, n_test, dim, shift, seed):
     return train, test
 
 
-def _blas_one_thread():
-    """numpy's OpenBLAS can crash on large X @ X.T with 2 threads here: use 1 for the package."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        return contextlib.nullcontext()
-    return threadpool_limits(1)
-
-
 def _sawmil():
     sawmil = pytest.importorskip("sawmil")
     pytest.importorskip("osqp")
     logging.getLogger("sparse_mil.kernels").setLevel(logging.ERROR)  # "Linear kernel has no parameters"
     return sawmil
-
-
-def _pkg_bags(sawmil, X, offsets, y=None, candidates=None):
-    out = []
-    for i in range(len(offsets) - 1):
-        a, e = offsets[i], offsets[i + 1]
-        mask = None if candidates is None else candidates[a:e].astype(float)
-        out.append(sawmil.Bag(X=np.asarray(X[a:e], dtype=np.float64),
-                              y=0.0 if y is None else float(y[i]), intra_bag_mask=mask))
-    return out
 
 
 def _report(record_property, name, value):
@@ -119,7 +100,7 @@ def test_stage3_matches_package_svm(record_property):
     y_inst = planted.astype(float)                 # the same instance labels for both
     C = 0.01
     t0 = time.perf_counter()
-    with _blas_one_thread():
+    with blas_one_thread():
         pkg = sawmil.SVM(C=C, kernel=sawmil.Linear(), solver="osqp").fit(X.astype(np.float64), y_inst)
     t_pkg = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -150,27 +131,11 @@ def test_stage3_matches_package_svm(record_property):
 # ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_end_to_end_auroc_vs_package(record_property):
-    sawmil = _sawmil()
-
-    class _PkgSAwMIL(sawmil.sAwMIL):
-        """The package's sAwMIL with `solver` (and its params) forwarded to stage 1."""
-
-        def __fit_mil__(self, bags):
-            smil = sawmil.sMIL(C=self.C, kernel=self.kernel, normalizer=self.normalizer, p=self.p,
-                               scale_C=self.scale_C, tol=self.tol, verbose=self.verbose,
-                               solver=self.solver, solver_params=self.solver_params)
-            smil.fit(bags)
-            self.smil_ = smil
-
+    _sawmil()
     (Xtr, otr, ytr), (Xte, ote, yte) = _train_test(120, 300, 576, shift=8.0, seed=0)
     C, eta = 0.1, 0.1
     cand = last_k_candidates(otr, k=2).numpy()
-    t0 = time.perf_counter()
-    with _blas_one_thread():
-        pkg = _PkgSAwMIL(C=C, kernel=sawmil.Linear(), solver="osqp", eta=eta)
-        pkg.fit(_pkg_bags(sawmil, Xtr, otr, ytr, cand))
-        s_pkg = pkg.decision_function(_pkg_bags(sawmil, Xte, ote))
-    t_pkg = time.perf_counter() - t0
+    s_pkg, t_pkg = package_fit_and_score(Xtr, otr, ytr, cand, Xte, ote, C, eta)
     t0 = time.perf_counter()
     # same C, eta and candidates; c_scaling="none" is the package's stage-3 C
     ours = SAwMIL(C=C, eta=eta, c_scaling="none").fit(Xtr, otr, ytr, candidates=cand)

@@ -118,7 +118,7 @@ def split_bags(X, offsets, y, idx):
 # ----------------------------------------------------------------------------
 # the package (OSQP)
 # ----------------------------------------------------------------------------
-def _blas_one_thread():
+def blas_one_thread():
     # numpy's OpenBLAS can crash on large X @ X.T with 2 threads on these machines
     try:
         from threadpoolctl import threadpool_limits
@@ -150,7 +150,7 @@ def package_fit_and_score(Xtr, otr, ytr, cand, Xte, ote, C, eta):
 
     train = bags(Xtr, otr, ytr, cand)
     test = bags(Xte, ote)
-    with _blas_one_thread():
+    with blas_one_thread():
         t0 = time.perf_counter()
         model = PkgSAwMIL(C=C, kernel=sawmil.Linear(), solver="osqp", eta=eta).fit(train)
         seconds = time.perf_counter() - t0
