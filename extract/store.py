@@ -226,31 +226,40 @@ class ActivationStore:
                     source_row=s["source_row"][:])
         return pd.DataFrame(data).rename(columns={"text": "statement"})
 
-    def layer(self, k: int) -> np.ndarray:
-        """All token rows of layer k as float32 [T, d]."""
+    def layer(self, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Token rows of layer k as float32: all of them [T, d], or `rows` (bool [T] or int [M]).
+
+        The whole layer is read in one contiguous pass (faster than scattered HDF5 reads); rows are
+        selected before the conversion to float32."""
         if k not in self.layers:
             raise StoreError(f"layer {k} is not in {self.path} (stored layers: "
                              f"{_ranges(self.layers)}; the model has layers 0..{self.n_layers})")
         ds = self.file["layers"][str(k)]
-        return from_stored(ds[:], ds.attrs["dtype"])
+        stored = ds[:]
+        return from_stored(stored if rows is None else stored[rows], ds.attrs["dtype"])
 
     def token_mask(self, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
         """bool [T]: tokens whose kind is in `kinds`."""
         return np.isin(self.token_kind, kinds)
 
-    def bags(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens of the given kinds per statement: X float32 [T', d], offsets int64 [N+1]."""
+    def bag_rows(self, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> tuple[np.ndarray, np.ndarray]:
+        """Token rows of the given kinds, statement by statement: int64 [T'], and offsets int64 [N+1]
+        into them."""
         mask = self.token_mask(kinds)
         counts = np.add.reduceat(mask.astype(np.int64), self.offsets[:-1])
         if (counts == 0).any():
             raise StoreError(f"{self.path}: statement {int(np.argmax(counts == 0))} has no token of kinds {kinds}")
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return self.layer(k)[mask], offsets
+        return np.flatnonzero(mask), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def bags(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of the given kinds per statement: X float32 [T', d], offsets int64 [N+1]."""
+        rows, offsets = self.bag_rows(kinds)
+        return self.layer(k, rows), offsets
 
     def last_token(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
         """The last token of the given kinds of every statement: float32 [N, d]."""
-        X, offsets = self.bags(k, kinds)
-        return X[offsets[1:] - 1]
+        rows, offsets = self.bag_rows(kinds)
+        return self.layer(k, rows[offsets[1:] - 1])
 
     def mean(self, k: int, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
         """Mean over the tokens of the given kinds of every statement: float32 [N, d]."""
