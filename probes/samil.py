@@ -712,11 +712,15 @@ class SAwMIL:
         is ``>= cutoff``; every other instance of a positive bag (non-selected
         candidates and all non-candidates) is labelled **negative** and kept in
         the stage-3 training set, like every negative-bag instance;
-      * fallback (``fallback_used_ = True``): if the positive bags hold fewer
-        candidates than there are positive bags, or fewer than
-        ``min_pos_ratio * L_+`` instances were selected (reference: 5 %), the
-        candidate mask is ignored and the top-``n`` positive-bag instances
-        (score ``>= cutoff``) are labelled positive.
+      * fallback (``fallback_used_ = True``): if fewer than ``min_pos_ratio * L_+``
+        instances were selected (reference: 5 %), with ``fallback="candidates"``
+        (default) the top ``max(N_+, ceil(min_pos_ratio * L_+))`` candidates by
+        score are labelled positive instead; with ``fallback="any"`` (the
+        reference) the candidate mask is ignored and the top-``n`` positive-bag
+        instances (score ``>= cutoff``) are. Both ignore the mask when the
+        positive bags hold fewer candidates than there are positive bags. (On real
+        activations "any" can label the shared opening tokens of every statement
+        positive, and the bag max is then the same for every bag: AUROC 0.5.)
       ``eta=None`` (default) uses the reference runner's choice: the fraction of
       candidate instances among all training instances (``~k / mean bag length``).
       The effective fraction ``eta_ = #positive labels / L_+`` is recorded.
@@ -764,6 +768,7 @@ class SAwMIL:
     k : int                default candidates: the last ``k`` instances of every bag.
     c_scaling : {"per_instance", "none"}   stage-3 C scaling (see above).
     min_pos_ratio : float  stage-2 fallback threshold (reference: 0.05).
+    fallback : {"candidates", "any"}  what the stage-2 fallback labels (see above).
     max_iter : int         Newton-step budget per stage.
     tol : float            relative exact-hinge duality gap at which a stage stops.
     device : str or torch.device or None   where to solve (default: CPU).
@@ -783,11 +788,14 @@ class SAwMIL:
     """
 
     def __init__(self, C: float = 1.0, eta: float | None = None, k: int = 2,
-                 c_scaling: str = "per_instance", min_pos_ratio: float = 0.05,
+                 c_scaling: str = "per_instance", min_pos_ratio: float = 0.05, fallback: str = "candidates",
                  max_iter: int = 300, tol: float = 1e-6, device=None, seed: int = 0,
                  num_threads: int | None = None):
         if c_scaling not in ("per_instance", "none"):
             raise ValueError("c_scaling must be 'per_instance' or 'none'")
+        if fallback not in ("candidates", "any"):
+            raise ValueError("fallback must be 'candidates' or 'any'")
+        self.fallback = fallback
         self.C = float(C)
         self.eta = eta
         self.k = int(k)
@@ -802,7 +810,7 @@ class SAwMIL:
     # -- sklearn-ish plumbing ------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return dict(C=self.C, eta=self.eta, k=self.k, c_scaling=self.c_scaling,
-                    min_pos_ratio=self.min_pos_ratio, max_iter=self.max_iter, tol=self.tol,
+                    min_pos_ratio=self.min_pos_ratio, fallback=self.fallback, max_iter=self.max_iter, tol=self.tol,
                     device=self.device, seed=self.seed, num_threads=self.num_threads)
 
     def set_params(self, **params) -> "SAwMIL":
@@ -903,8 +911,14 @@ class SAwMIL:
         cutoff = float(order[n_sel - 1])
         above = s_pos >= cutoff
         chosen = above & cand_pos
-        fallback = int(cand_pos.sum()) < N_pos or float(chosen.sum()) < self.min_pos_ratio * L_pos
-        if fallback:
+        n_cand = int(cand_pos.sum())
+        fallback = n_cand < N_pos or float(chosen.sum()) < self.min_pos_ratio * L_pos
+        if fallback and self.fallback == "candidates" and n_cand >= N_pos:
+            # the top-scoring candidates, enough of them: lower the cutoff within the candidates
+            m = min(n_cand, max(N_pos, int(np.ceil(self.min_pos_ratio * L_pos))))
+            cand_scores = torch.where(cand_pos, s_pos, torch.full_like(s_pos, float("-inf")))
+            chosen = cand_pos & (cand_scores >= torch.sort(cand_scores, descending=True, stable=True).values[m - 1])
+        elif fallback:
             chosen = above
         y3 = -torch.ones(T, dtype=torch.float64, device=dev)
         y3[pos_rows[chosen]] = 1.0

@@ -185,6 +185,16 @@ def test_stage2_labels_and_fallback():
     assert f.eta_ > 0 and f.n_selected_ >= int(y.sum())          # fallback: top-n, candidates ignored
     assert bool((f.instance_labels_ & ~few).any())
 
+    # enough candidates, but stage 1 ranks them low (the first token of each bag, not the planted
+    # last ones): the default fallback takes the best candidates, "any" (the reference) ignores them
+    first = torch.zeros(T, dtype=torch.bool)
+    first[torch.as_tensor(off[:-1])] = True
+    c = SAwMIL().fit(X, off, y, candidates=first)
+    assert c.fallback_used_ and bool((c.instance_labels_ & ~first).sum() == 0)
+    assert c.n_selected_ == max(int(y.sum()), int(np.ceil(0.05 * int(in_pos.sum()))))
+    a = SAwMIL(fallback="any").fit(X, off, y, candidates=first)
+    assert a.fallback_used_ and bool((a.instance_labels_ & ~first).any())
+
 
 def test_planted_mcc_at_zero():
     (Xtr, otr, ytr), (Xte, ote, yte) = _train_test(200, 300, 576, shift=8.0, seed=1)
