@@ -11,7 +11,6 @@ penalised. Solved full-batch with L-BFGS (strong Wolfe line search) inside a `li
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 import torch.nn.functional as F

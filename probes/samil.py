@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.base import Probe, standardiser
+from probes.base import Probe, kfold_splits, standardiser
 
 __all__ = [
     "SAMILProbe",
@@ -1077,19 +1077,21 @@ class SAMILProbe(Probe):
         return self
 
     def _choose_C(self, train, y: np.ndarray) -> float:
+        """The C of `Cs` with the best held-out bag AUROC over grouped folds (the middle one when
+        the training bags allow no folds)."""
         from sklearn.metrics import roc_auc_score
-        from sklearn.model_selection import StratifiedGroupKFold
 
-        groups = train.groups if train.groups is not None else np.arange(len(y))
-        folds = list(StratifiedGroupKFold(self.cv_folds, shuffle=True, random_state=self.options["seed"])
-                     .split(np.zeros(len(y)), y, groups))
+        folds = kfold_splits(y, train.groups, self.cv_folds, self.options["seed"])
+        if not folds:
+            return self.Cs[len(self.Cs) // 2]
+        held_all = np.concatenate([held for _, held in folds])
         for C in self.Cs:
             scores = np.empty(len(y))
             for fit_idx, held_idx in folds:
                 model, mean, std = self._fit_one(C, train.subset(fit_idx), y[fit_idx])
                 held = train.subset(held_idx)
                 scores[held_idx] = _numpy(model.decision_function((held.X - mean) / std, held.offsets))
-            self.cv_auroc[C] = float(roc_auc_score(y, scores))
+            self.cv_auroc[C] = float(roc_auc_score(y[held_all], scores[held_all]))
         return max(self.Cs, key=lambda c: (self.cv_auroc[c], -c))
 
     def decision_function(self, data) -> np.ndarray:

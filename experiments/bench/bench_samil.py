@@ -226,9 +226,9 @@ def real_fit(store_path: str, layer: int, C: float, device=None):
     rows, y = task_targets(table["label"].to_numpy(), "true_vs_all")
     split = make_split(table, kind="entity_disjoint", seed=0)
     features = layer_features(store, layer, "bags").subset(rows)
-    train = features.subset(np.flatnonzero(np.isin(rows, split.train)))
-    test = features.subset(np.flatnonzero(np.isin(rows, split.test)))
-    y_train, y_test = y[np.isin(rows, split.train)], y[np.isin(rows, split.test)]
+    in_train, in_test = np.flatnonzero(np.isin(rows, split.train)), np.flatnonzero(np.isin(rows, split.test))
+    train, test = features.subset(in_train), features.subset(in_test)
+    y_train, y_test = y[in_train], y[in_test]
     mean, std = standardiser(train.X)
     out = fit_and_measure((train.X - mean) / std, train.offsets, y_train, C=C, device=device)
     m = out["model"]
