@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from sklearn.linear_model import LogisticRegression
@@ -108,7 +109,10 @@ def make_probe(cfg: DictConfig):
     """A fresh, unfitted probe from the `probe:` config (its keys other than name / tokens are
     constructor arguments), on the trainer's accelerator."""
     kwargs = {k: v for k, v in cfg.probe.items() if k not in ("name", "tokens")}
-    return instantiate(kwargs, accelerator=cfg.trainer.accelerator)
+    try:
+        return instantiate(kwargs, accelerator=cfg.trainer.accelerator)
+    except InstantiationException as err:  # a bad probe option: the probe's own message, one line
+        raise ValueError(f"probe={cfg.probe.name}: {err.__cause__ or err}") from None
 
 
 def _positions(rows: np.ndarray, split_rows: np.ndarray) -> np.ndarray:

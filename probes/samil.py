@@ -794,7 +794,7 @@ class SAwMIL:
         if c_scaling not in ("per_instance", "none"):
             raise ValueError("c_scaling must be 'per_instance' or 'none'")
         if fallback not in ("candidates", "any"):
-            raise ValueError("fallback must be 'candidates' or 'any'")
+            raise ValueError(f"fallback={fallback!r}: use 'candidates' or 'any'")
         self.fallback = fallback
         self.C = float(C)
         self.eta = eta
@@ -1056,6 +1056,8 @@ class SAMILProbe(Probe):
                  eta: float | None = None, k: int = 2, c_scaling: str = "per_instance", standardize: bool = True,
                  accelerator: str = "auto", seed: int = 0, **solver):
         super().__init__()
+        if not isinstance(standardize, bool):
+            raise ValueError(f"standardize={standardize!r}: use true or false")
         self.C, self.Cs, self.cv_folds, self.standardize = C, tuple(Cs), cv_folds, standardize
         self.options = dict(eta=eta, k=k, c_scaling=c_scaling, seed=seed, **solver)
         self.device_name = "cuda" if accelerator in ("gpu", "cuda") or (

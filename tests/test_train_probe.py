@@ -109,6 +109,8 @@ def _cli(dirs: Path, *args: str) -> subprocess.CompletedProcess:
     (["model.name=nothing"], "no activation store at"),
     (["layer=7"], "layer=7 is outside 0..1"),
     (["layer=1", "task=multiclass", "split.calibration_size=0.002"], "calibration split"),
+    (["layer=1", "probe=samil", "probe.fallback=bogus"], "fallback='bogus': use 'candidates' or 'any'"),
+    (["layer=1", "probe=samil", "probe.standardize=maybe"], "probe=samil: standardize='maybe'"),
 ])
 def test_bad_input_gives_one_line_error(synthetic_dirs, args, message):
     result = _cli(synthetic_dirs, "probe=mean_diff", *args)
