@@ -55,6 +55,7 @@ def train_probes(cfg: DictConfig) -> list[Path]:
     """Run every requested layer of one (probe, task); returns the cell paths (existing ones kept)."""
     store = ActivationStore(store_path(cfg.store_dir, cfg.model.name, cfg.data.name))
     layers = resolve_layers(cfg.layer, store)
+    representation = make_probe(cfg).representation  # bad probe options fail here, even if cells exist
     todo = [k for k in layers if cfg.overwrite or not cell_path(cfg, k).exists()]
     if len(todo) < len(layers):
         log.info("%d of %d cells exist already (overwrite=true recomputes them)", len(layers) - len(todo), len(layers))
@@ -65,7 +66,6 @@ def train_probes(cfg: DictConfig) -> list[Path]:
     split = make_split(table, **cfg.split)
     parts = {name: _positions(rows, getattr(split, name)) for name in ("train", "calibration", "test")}
     groups = entity_groups(table)[rows]
-    representation = make_probe(cfg).representation
     for k in tqdm(todo, desc=f"{cfg.probe.name} {cfg.task.name}", unit="layer"):
         features = layer_features(store, k, representation, cfg.probe.get("tokens", "statement")).subset(rows)
         features.groups = groups

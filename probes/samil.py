@@ -1060,6 +1060,7 @@ class SAMILProbe(Probe):
             raise ValueError(f"standardize={standardize!r}: use true or false")
         self.C, self.Cs, self.cv_folds, self.standardize = C, tuple(Cs), cv_folds, standardize
         self.options = dict(eta=eta, k=k, c_scaling=c_scaling, seed=seed, **solver)
+        SAwMIL(**self.options)  # checks the estimator's options now, not at the first fit
         self.device_name = "cuda" if accelerator in ("gpu", "cuda") or (
             accelerator == "auto" and torch.cuda.is_available()) else "cpu"
         self.cv_auroc: dict[float, float] = {}
