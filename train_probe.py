@@ -1,12 +1,10 @@
 """`python -m train_probe probe=... task=... layer=...`: compose the config, train, write result cells."""
 import logging
-import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from extract.store import StoreError
-from probes.data import TaskError
+from extract.errors import run_entry
 from probes.pipeline import train_probes
 
 log = logging.getLogger("train_probe")
@@ -14,11 +12,7 @@ log = logging.getLogger("train_probe")
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train_probe")
 def main(cfg: DictConfig) -> None:
-    try:
-        paths = train_probes(cfg)
-    except (StoreError, TaskError, ValueError) as err:
-        log.error("%s", err)
-        sys.exit(1)
+    paths = run_entry(train_probes, cfg, log=log)
     log.info("%d result cells under %s", len(paths), cfg.results_dir)
 
 

@@ -13,7 +13,6 @@ Reads every cell under <results_dir>/<model>/<datapack>/ and writes to <reports_
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -22,35 +21,39 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from probes.metrics import as_probs
+from evaluation.cells import CellError, read_cell
+from evaluation.metrics import as_probs
+from extract.errors import check_name, run_entry
 
 log = logging.getLogger(__name__)
 METRICS = ("mcc", "wmcc", "acceptance")
 
 
 def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
-    """One row per cell: probe, task, split, layer (-1 for zero-shot), seed, n_layers, metrics, path."""
-    root = Path(results_dir) / model / datapack
+    """One row per cell: probe, task, split, layer (<NA> for methods without a layer), seed,
+    n_layers, metrics, path; everything is read from the cells themselves (evaluation.cells)."""
+    root = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data")
     rows = []
     for path in sorted(root.glob("*/*/*/layer=*/seed=*.json")):
-        cell = json.loads(path.read_text())
-        probe, task, split = path.parts[-5:-2]
-        layer = path.parent.name.split("=", 1)[1]
-        m = cell["metrics"]
-        rows.append({"probe": probe, "task": task, "split": split, "layer": -1 if layer == "none" else int(layer),
-                     "seed": int(path.stem.split("=", 1)[1]), "n_layers": cell.get("store", {}).get("n_layers"),
+        cell = read_cell(path)
+        config, m = cell["config"], cell["metrics"]
+        rows.append({"probe": config["probe"]["name"], "task": config["task"]["name"],
+                     "split": cell["split"]["kind"], "layer": cell["layer"], "seed": config["seed"],
+                     "n_layers": cell.get("store", {}).get("n_layers"),
                      "cal_mcc": cell.get("calibration_metrics", {}).get("mcc_all"),
                      **{k: m[k] for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
                      "path": str(path)})
     if not rows:
-        raise FileNotFoundError(f"no result cells under {root}: run `python -m train_probe` first")
-    return pd.DataFrame(rows)
+        raise CellError(f"no result cells under {root}: run `python -m train_probe` first")
+    cells = pd.DataFrame(rows)
+    cells["layer"] = cells["layer"].astype("Int64")
+    return cells
 
 
 def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Aggregate seeds: mean of each metric and its interval (bootstrap for one seed, mean +/- sd across seeds)."""
     out = []
-    for key, g in cells.groupby(["probe", "task", "split", "layer"], sort=True):
+    for key, g in cells.groupby(["probe", "task", "split", "layer"], sort=True, dropna=False):
         row = dict(zip(["probe", "task", "split", "layer"], key), n_seeds=len(g), n_layers=g["n_layers"].iloc[0],
                    cal_mcc=g["cal_mcc"].mean())
         for k in METRICS:
@@ -61,12 +64,14 @@ def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
             elif k in ("mcc", "wmcc"):
                 row[f"{k}_lo"], row[f"{k}_hi"] = g[f"{k}_ci"].iloc[0]
         out.append(row)
-    return pd.DataFrame(out)
+    table = pd.DataFrame(out)
+    table["layer"] = table["layer"].astype("Int64")
+    return table
 
 
 def best_layers(table: pd.DataFrame) -> pd.DataFrame:
     """Per (probe, task, split): the layer with the highest calibration MCC (zero-shot rows excluded)."""
-    probes = table[table["layer"] >= 0]
+    probes = table[table["layer"].notna()]
     idx = probes.groupby(["probe", "task", "split"])["cal_mcc"].idxmax()
     return probes.loc[idx].reset_index(drop=True)
 
@@ -97,7 +102,7 @@ def _markdown(table: pd.DataFrame) -> str:
     lines = ["| probe | task | split | layer | MCC | W-MCC | acceptance | cal. MCC | seeds |",
              "|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        layer = "-" if r["layer"] < 0 else int(r["layer"])
+        layer = "none" if pd.isna(r["layer"]) else int(r["layer"])
         cal = "" if pd.isna(r["cal_mcc"]) else f"{r['cal_mcc']:.3f}"
         lines.append(f"| {r['probe']} | {r['task']} | {r['split']} | {layer} | {fmt(r, 'mcc')} | {fmt(r, 'wmcc')} | "
                      f"{r['acceptance']:.3f} | {cal} | {r['n_seeds']} |")
@@ -111,20 +116,21 @@ def _plot_layers(table: pd.DataFrame, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     tasks = sorted(table["task"].unique())
-    colours = {probe: f"C{i}" for i, probe in enumerate(sorted(table.loc[table["layer"] >= 0, "probe"].unique()))}
+    colours = {probe: f"C{i}" for i, probe in enumerate(sorted(table.loc[table["layer"].notna(), "probe"].unique()))}
     fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 7), squeeze=False, sharey=True)
     for col, task in enumerate(tasks):
         sub = table[table["task"] == task]
         for row, relative in enumerate((False, True)):
             ax = axes[row, col]
-            for probe, g in sub[sub["layer"] >= 0].groupby("probe"):
+            for probe, g in sub[sub["layer"].notna()].groupby("probe"):
                 g, c = g.sort_values("layer"), colours[probe]
-                x = g["layer"] / g["n_layers"] if relative else g["layer"]
+                layer = g["layer"].astype(float)
+                x = layer / g["n_layers"].astype(float) if relative else layer
                 ax.plot(x, g["mcc"], "o-", markersize=3, color=c, label=f"{probe} MCC")
                 ax.plot(x, g["wmcc"], "s--", markersize=3, color=c, label=f"{probe} W-MCC")
                 if "mcc_lo" in g:
                     ax.fill_between(x, g["mcc_lo"], g["mcc_hi"], color=c, alpha=0.12, linewidth=0)
-            for j, (_, z) in enumerate(sub[sub["layer"] < 0].iterrows()):
+            for _, z in sub[sub["layer"].isna()].iterrows():
                 ax.axhline(z["mcc"], color="k", linestyle=":", linewidth=1, label=f"{z['probe']} MCC")
             ax.set_xlabel("relative depth (layer / L)" if relative else "layer")
             ax.set_title(task if row == 0 else "")
@@ -152,7 +158,7 @@ def _plot_reliability(cells: pd.DataFrame, best: pd.Series, path: Path, n_bins: 
     chosen = cells[(cells[keys] == best[keys]).all(axis=1)]
     conf, correct = [], []
     for p in chosen["path"]:
-        test = json.loads(Path(p).read_text())["test"]
+        test = read_cell(Path(p))["test"]
         probs = as_probs(np.asarray(test["probs"]))
         conf.append(probs.max(1))
         correct.append(probs.argmax(1) == np.asarray(test["y"]))
@@ -172,9 +178,13 @@ def _plot_reliability(cells: pd.DataFrame, best: pd.Series, path: Path, n_bins: 
     plt.close(fig)
 
 
+def report(cfg: DictConfig) -> Path:
+    return write_report(Path(cfg.results_dir), Path(cfg.reports_dir), cfg.model.name, cfg.data.name)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="report")
 def main(cfg: DictConfig) -> None:
-    write_report(Path(cfg.results_dir), Path(cfg.reports_dir), cfg.model.name, cfg.data.name)
+    run_entry(report, cfg, log=log)
 
 
 if __name__ == "__main__":

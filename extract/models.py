@@ -28,12 +28,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from extract.errors import ToolkitError
+
 log = logging.getLogger(__name__)
 CACHE_DIR = Path.home() / ".cache" / "truthprobe"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelError(ValueError):
+class ModelError(ToolkitError):
     """A model that cannot be found or loaded; the message names the fix."""
 
 

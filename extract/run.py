@@ -20,20 +20,9 @@ from extract.capture import LayerCapture, plan_batches, plan_windows, render
 from extract.models import load_model
 from extract.statements import load_statements
 from extract.store import (StoreError, StoreWriter, check_compatible, create_store, estimate_bytes,
-                           store_path, torch_to_stored, STORED_DTYPES, TORCH_STORED)
+                           select_layers, store_path, torch_to_stored, STORED_DTYPES, TORCH_STORED)
 
 log = logging.getLogger(__name__)
-
-
-def parse_layers(spec, n_layers: int) -> list[int]:
-    """`all`, an int, or a list of ints -> sorted layer numbers within 0..L."""
-    if spec in (None, "all"):
-        return list(range(n_layers + 1))
-    values = [spec] if isinstance(spec, int) else list(spec)
-    bad = [v for v in values if not isinstance(v, int) or not 0 <= v <= n_layers]
-    if bad:
-        raise StoreError(f"layers={bad}: this model has layers 0..{n_layers} (0 = embeddings)")
-    return sorted(set(values))
 
 
 def extract(cfg: DictConfig) -> Path:
@@ -41,13 +30,14 @@ def extract(cfg: DictConfig) -> Path:
     if cfg.dtype not in TORCH_STORED:
         raise StoreError(f"dtype={cfg.dtype!r}: use one of {sorted(TORCH_STORED)}")
     data = cfg.data
+    path = store_path(cfg.store_dir, cfg.model.name, data.name)   # names checked before any work
     table = load_statements(data.name, source=data.get("source", "csv"), path=data.get("path"),
                             statement_column=data.get("statement_column", "statement"),
                             label_column=data.get("label_column"))
     if cfg.get("limit"):
         table = table.iloc[: int(cfg.limit)].reset_index(drop=True)
     loaded = load_model(cfg.model)
-    layers = parse_layers(cfg.get("layers", "all"), loaded.n_layers)
+    layers = select_layers(cfg.layers, loaded.n_layers)
     rendered = [render(loaded.tokenizer, s, loaded.use_chat_template, loaded.system_prompt)
                 for s in tqdm(table["statement"], desc="tokenize", unit="stmt", leave=False)]
     token_ids = [ids for ids, _ in rendered]
@@ -58,7 +48,6 @@ def extract(cfg: DictConfig) -> Path:
         "chat_template_text": loaded.tokenizer.chat_template if loaded.use_chat_template else "",
         "system_prompt": loaded.system_prompt, "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    path = store_path(cfg.store_dir, cfg.model.name, data.name)
     if path.exists() and cfg.get("overwrite"):
         path.unlink()
     if path.exists():

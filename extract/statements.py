@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from extract.errors import ToolkitError
+
 LABELS = {0: "false", 1: "true", 2: "neither"}
 FALSE, TRUE, NEITHER = 0, 1, 2
 
@@ -39,7 +41,7 @@ COLUMNS = ["statement", "label", "object_1", "object_2", "negation", "source_fil
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
 
 
-class StatementsError(ValueError):
+class StatementsError(ToolkitError):
     """Bad statement input; the message is one line naming file, row and column."""
 
 

@@ -34,6 +34,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from extract.errors import ToolkitError, check_name
+
 SCHEMA_VERSION = 1
 TOOLKIT_VERSION = "0.1.0"
 KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT = 0, 1, 2
@@ -43,13 +45,36 @@ CHUNK_BYTES = 1 << 20
 _TEXT_COLUMNS = ["text", "object_1", "object_2", "source_file"]
 
 
-class StoreError(ValueError):
+class StoreError(ToolkitError):
     """A store that is missing, incomplete, damaged or does not match the request."""
 
 
 def store_path(store_dir: str | Path, model: str, datapack: str) -> Path:
     """Where the store of (model, datapack) lives: <store_dir>/<model>/<datapack>.h5."""
-    return Path(store_dir) / model / f"{datapack}.h5"
+    return Path(store_dir) / check_name(model, "model.name") / f"{check_name(datapack, 'data.name')}.h5"
+
+
+def select_layers(spec, n_layers: int, stored: list[int] | None = None, option: str = "layers") -> list[int]:
+    """The one grammar for layer selections: `all`, one integer, or a non-empty list of integers,
+    each in 0..n_layers (0 = embeddings) and, when `stored` is given, stored. Returns them sorted."""
+    available = list(range(n_layers + 1)) if stored is None else list(stored)
+    if spec == "all":
+        return available
+    values = [spec] if isinstance(spec, int) and not isinstance(spec, bool) else spec
+    if isinstance(values, (str, bool, int)) or not hasattr(values, "__iter__") or len(values) == 0 or any(
+            isinstance(k, bool) or not isinstance(k, int) for k in values):
+        raise StoreError(f"{option}={spec!r}: use all, one layer number 0..{n_layers} or a list such as "
+                         f"{option}=[0,8,16]")
+    outside = [k for k in values if not 0 <= k <= n_layers]
+    if outside:
+        shown = outside[0] if len(outside) == 1 else outside
+        raise StoreError(f"{option}={shown} is outside 0..{n_layers} for this model (0 = embeddings): choose "
+                         f"{option}=0..{n_layers} or {option}=all")
+    missing = [k for k in values if k not in available]
+    if missing:
+        raise StoreError(f"layer(s) {missing} were not extracted into this store (stored: {_ranges(available)}): "
+                         f"extract them (layers=...) or choose {option}= among the stored layers")
+    return sorted(set(values))
 
 
 def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype: str) -> int:

@@ -1,4 +1,4 @@
-"""The interface every probe shares, and the features it is fitted on.
+"""The interface every probe shares, and the helpers the probes use.
 
 A probe is a LightningModule with three methods:
 
@@ -7,7 +7,7 @@ A probe is a LightningModule with three methods:
     params() -> dict                                       chosen hyperparameters (JSON-serialisable)
 
 Calibration, conformal abstention and metrics are computed from the scores by shared code
-(probes/pipeline.py), never inside a probe. Probes trained by gradient descent run a
+(evaluation/, driven by probes/pipeline.py), never inside a probe. Probes trained by gradient descent run a
 `lightning.Trainer` inside `fit`; `accelerator` ("auto", "cpu", "gpu") chooses the device.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import lightning as L
 import numpy as np
@@ -23,48 +22,34 @@ import torch
 from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from torch.utils.data import Dataset
 
+from extract.errors import ToolkitError
+from probes.features import TOKEN_KINDS, Features
 
-@dataclass
-class Features:
-    """One layer's representation of N statements.
 
-    X        float32 [N, d] one vector per statement (representation last / mean), or
-             float32 [T, d] token vectors when `offsets` is given (representation bags)
-    offsets  int64 [N+1] or None: statement i owns rows offsets[i]:offsets[i+1] of X
-    groups   int64 [N] or None: group of each statement (statements sharing an entity share a
-             group), for grouped cross-validation inside `fit`
-    """
-    X: torch.Tensor
-    offsets: torch.Tensor | None = None
-    groups: np.ndarray | None = None
+class ProbeError(ToolkitError):
+    """A bad probe option or training data a probe cannot be fitted on."""
 
-    def __len__(self) -> int:
-        return len(self.X) if self.offsets is None else len(self.offsets) - 1
 
-    @property
-    def is_bags(self) -> bool:
-        return self.offsets is not None
-
-    def subset(self, index: np.ndarray) -> "Features":
-        """The statements `index` (int [M]), in that order."""
-        index = np.asarray(index, dtype=np.int64)
-        groups = None if self.groups is None else self.groups[index]
-        if self.offsets is None:
-            return Features(self.X[torch.from_numpy(index)], None, groups)
-        starts, ends = self.offsets[:-1][index], self.offsets[1:][index]
-        lengths = ends - starts
-        rows = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths) + torch.arange(int(lengths.sum()))
-        offsets = torch.zeros(len(index) + 1, dtype=torch.long)
-        offsets[1:] = torch.cumsum(lengths, 0)
-        return Features(self.X[rows], offsets, groups)
+def check_choice(option: str, value, choices) -> str:
+    """`value` if it is one of `choices`, else a one-line ProbeError naming the option."""
+    if value not in choices:
+        names = [repr(c) for c in choices]
+        raise ProbeError(f"{option}={value!r}: use {', '.join(names[:-1])} or {names[-1]}" if len(names) > 1
+                         else f"{option}={value!r}: use {names[0]}")
+    return value
 
 
 class Probe(L.LightningModule):
-    """Base class: subclasses set `representation` and implement fit / decision_function, and put
-    their chosen hyperparameters in `self._params`. `state_dict()` carries the fitted tensors and
-    `params()`, and a freshly built probe of the same settings loads it."""
+    """Base class: subclasses set `representation` and `tokens` (via `_set_input`), implement fit /
+    decision_function, and put their chosen hyperparameters in `self._params`. `state_dict()` carries
+    the fitted tensors and `params()`, and a freshly built probe of the same settings loads it."""
 
-    representation = "last"  # "last" | "mean" | "bags"
+    representation = "last"  # "last" | "mean" | "bags": which features the pipeline loads
+    tokens = "statement"     # "statement" | "all": which token kinds those features use
+
+    def _set_input(self, representation: str, tokens: str, representations=("last", "mean")) -> None:
+        self.representation = check_choice("representation", representation, representations)
+        self.tokens = check_choice("tokens", tokens, tuple(TOKEN_KINDS))
 
     def fit(self, train: Features, y: np.ndarray) -> "Probe":
         raise NotImplementedError
@@ -106,40 +91,16 @@ def resize_placeholders(module: torch.nn.Module, state_dict: dict, prefix: str) 
 _EPS = 1e-8
 
 
-def statement_vectors(data: Features, representation: str) -> torch.Tensor:
-    """float32 [N, d]: one vector per statement.
-
-    Per-statement features (no offsets) are returned as they are: the caller loaded the layer in the
-    representation the probe asked for. Bags are reduced here: "last" takes each bag's last token,
-    "mean" averages its tokens (an empty bag gives zeros).
-    """
-    if representation not in ("last", "mean"):
-        raise ValueError(f"representation must be 'last' or 'mean', got {representation!r}")
-    X = data.X
-    if not data.is_bags:
-        return X.float()
-    offsets = data.offsets.to(torch.long)
-    lengths = offsets[1:] - offsets[:-1]
-    if representation == "last":
-        if bool((lengths == 0).any()):
-            raise ValueError("an empty bag has no last token")
-        return X[offsets[1:] - 1].float()
-    rows = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
-    out = torch.zeros(len(lengths), X.shape[1], dtype=torch.float32, device=X.device)
-    out.index_add_(0, rows.to(X.device), X.float())
-    return out / lengths.clamp(min=1).to(out)[:, None]
-
-
 def check_labels(y, n: int) -> np.ndarray:
     """int64 [N] in {0, 1}; both classes must be present."""
     y = np.asarray(y).reshape(-1)
     if len(y) != n:
-        raise ValueError(f"{len(y)} labels for {n} statements")
+        raise ProbeError(f"{len(y)} labels for {n} statements")
     if not np.isin(y, (0, 1)).all():
-        raise ValueError("labels must be 0 / 1")
+        raise ProbeError("labels must be 0 / 1")
     y = y.astype(np.int64)
     if y.min() == y.max():
-        raise ValueError("both classes must be present in the training split")
+        raise ProbeError("both classes must be present in the training split")
     return y
 
 
@@ -148,8 +109,7 @@ def balanced_weights(y: np.ndarray, class_weight: str | None) -> np.ndarray:
     y = np.asarray(y)
     if class_weight is None or class_weight == "none":
         return np.ones(len(y), dtype=np.float32)
-    if class_weight != "balanced":
-        raise ValueError(f"class_weight must be 'balanced' or None, got {class_weight!r}")
+    check_choice("class_weight", class_weight, ("balanced", None))
     counts = np.bincount(y, minlength=2).astype(np.float64)
     w = len(y) / (2.0 * np.maximum(counts, 1.0))
     return w[y].astype(np.float32)
@@ -194,7 +154,7 @@ def holdout_split(y: np.ndarray, groups: np.ndarray | None, fraction: float, see
     if not folds:  # too few groups: hold out statements
         folds = kfold_splits(y, None, n_splits, seed)
     if not folds:
-        raise ValueError("too few statements of the minority class for a held-out split")
+        raise ProbeError("too few statements of the minority class for a held-out split")
     return folds[0]
 
 

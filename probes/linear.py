@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
 from torch.utils.data import DataLoader
 
-from probes.base import (Features, FullBatch, Probe, balanced_weights, check_labels, draw_seed, kfold_splits,
-                         make_trainer, quiet_lightning, standardiser, statement_vectors)
+from probes.base import (FullBatch, Probe, balanced_weights, check_choice, check_labels, draw_seed, kfold_splits,
+                         make_trainer, quiet_lightning, standardiser)
+from probes.features import Features, statement_vectors
 
 __all__ = ["LinearProbe"]
 
@@ -37,6 +38,7 @@ class LinearProbe(Probe):
         Cs: grid searched when `C` is None.
         loss: "logistic" (logistic regression) or "hinge" (linear SVM, squared hinge).
         representation: "last" (last token) or "mean" (token mean) statement vectors.
+        tokens: "statement" (statement-text tokens) or "all" (BOS and chat-template tokens too).
         class_weight: "balanced" (n / (2 n_c) per class) or None.
         cv_folds: folds of the (grouped, stratified) cross-validation on the training split.
         cv_metric: "log_loss" (class-balanced held-out loss: log-loss, or squared hinge for
@@ -53,15 +55,11 @@ class LinearProbe(Probe):
                  representation: str = "last", class_weight: str | None = "balanced",
                  cv_folds: int = 5, cv_metric: str = "log_loss", max_iter: int = 500,
                  max_epochs: int = 2, tol: float = 1e-6, accelerator: str = "auto",
-                 seed: int | None = None):
+                 seed: int | None = None, tokens: str = "statement"):
         super().__init__()
-        if loss not in ("logistic", "hinge"):
-            raise ValueError(f"loss must be 'logistic' or 'hinge', got {loss!r}")
-        if representation not in ("last", "mean"):
-            raise ValueError(f"representation must be 'last' or 'mean', got {representation!r}")
-        if cv_metric not in ("mcc", "log_loss"):
-            raise ValueError(f"cv_metric must be 'mcc' or 'log_loss', got {cv_metric!r}")
-        self.representation = representation
+        self._set_input(representation, tokens)
+        check_choice("loss", loss, ("logistic", "hinge"))
+        check_choice("cv_metric", cv_metric, ("mcc", "log_loss"))
         self.C = None if C is None else float(C)
         self.Cs = tuple(float(c) for c in Cs)
         self.loss = loss

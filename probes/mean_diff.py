@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import Features, Probe, check_labels, resolve_device, standardiser, statement_vectors
+from probes.base import Probe, check_choice, check_labels, resolve_device, standardiser
+from probes.features import Features, statement_vectors
 
 __all__ = ["MeanDiffProbe", "within_class_ledoit_wolf"]
 
@@ -52,7 +53,7 @@ class MeanDiffProbe(Probe):
 
     Args:
         covariance: "none" (w = mu1 - mu0) or "shrinkage" (w = Sigma^-1 (mu1 - mu0), Ledoit-Wolf).
-        representation: "last" or "mean" statement vectors.
+        representation: "last" or "mean" statement vectors; tokens: "statement" or "all" (see LinearProbe).
         standardize: compute on per-feature standardised vectors (mean / std of the training split),
             folded back so that `coef_` acts on raw vectors. Changes "none" to a mean difference in
             standard-deviation units and makes the shrinkage target scale-aware; default False.
@@ -60,14 +61,10 @@ class MeanDiffProbe(Probe):
     """
 
     def __init__(self, covariance: str = "shrinkage", representation: str = "last",
-                 standardize: bool = False, accelerator: str = "auto"):
+                 standardize: bool = False, accelerator: str = "auto", tokens: str = "statement"):
         super().__init__()
-        if covariance not in ("none", "shrinkage"):
-            raise ValueError(f"covariance must be 'none' or 'shrinkage', got {covariance!r}")
-        if representation not in ("last", "mean"):
-            raise ValueError(f"representation must be 'last' or 'mean', got {representation!r}")
-        self.covariance = covariance
-        self.representation = representation
+        self._set_input(representation, tokens)
+        self.covariance = check_choice("covariance", covariance, ("none", "shrinkage"))
         self.standardize = bool(standardize)
         self.accelerator = accelerator
         self.register_buffer("direction", torch.zeros(0))

@@ -20,8 +20,9 @@ from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from probes.base import (Features, FullBatch, Probe, balanced_weights, check_labels, draw_seed, holdout_split,
-                         make_trainer, quiet_lightning, resize_placeholders, standardiser, statement_vectors)
+from probes.base import (FullBatch, Probe, ProbeError, balanced_weights, check_choice, check_labels, draw_seed,
+                         holdout_split, make_trainer, quiet_lightning, resize_placeholders, standardiser)
+from probes.features import Features, statement_vectors
 
 __all__ = ["MLPProbe"]
 
@@ -59,7 +60,7 @@ class MLPProbe(Probe):
         max_epochs: epoch cap; patience: epochs without a better held-out loss before stopping.
         val_fraction: fraction of the training split held out for early stopping.
         class_weight: "balanced" or None (loss weights; the held-out loss is balanced the same way).
-        representation: "last" or "mean" statement vectors.
+        representation: "last" or "mean" statement vectors; tokens: "statement" or "all" (see LinearProbe).
         accelerator: passed to the Trainer; seed: see the module docstring (None: global generator).
     """
 
@@ -67,15 +68,13 @@ class MLPProbe(Probe):
                  activation: str = "gelu", weight_decay: float = 1e-2, lr: float = 1e-3,
                  batch_size: int = 128, max_epochs: int = 200, patience: int = 10,
                  val_fraction: float = 0.15, class_weight: str | None = "balanced",
-                 representation: str = "last", accelerator: str = "auto", seed: int | None = None):
+                 representation: str = "last", accelerator: str = "auto", seed: int | None = None,
+                 tokens: str = "statement"):
         super().__init__()
-        if representation not in ("last", "mean"):
-            raise ValueError(f"representation must be 'last' or 'mean', got {representation!r}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        self._set_input(representation, tokens)
+        check_choice("activation", activation, sorted(_ACTIVATIONS))
         if not 0.0 < val_fraction < 1.0:
-            raise ValueError("val_fraction must be in (0, 1)")
-        self.representation = representation
+            raise ProbeError(f"val_fraction={val_fraction}: use a value in (0, 1)")
         self.hidden, self.depth, self.dropout = int(hidden), int(depth), float(dropout)
         self.activation = activation
         self.weight_decay, self.lr = float(weight_decay), float(lr)

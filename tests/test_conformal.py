@@ -1,4 +1,4 @@
-"""probes.conformal: coverage on synthetic data, thresholds, abstention, errors."""
+"""evaluation.conformal: coverage on synthetic data, thresholds, abstention, errors."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from probes.conformal import (
+from evaluation.conformal import (
     ConformalClassifier,
     binary_probs,
     conformal_threshold,

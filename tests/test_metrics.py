@@ -1,4 +1,4 @@
-"""probes.metrics against independent computations (scikit-learn, loops by hand)."""
+"""evaluation.metrics against independent computations (scikit-learn, loops by hand)."""
 
 import json
 import time
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, matthews_corrcoef, roc_auc_score
 
-from probes import metrics as M
+from evaluation import metrics as M
 
 
 def _sk_mcc(y_true, y_pred):
@@ -265,7 +265,7 @@ def test_evaluate_keys_values_json_and_speed():
     logits = rng.normal(size=(n, 3)) + 2 * np.eye(3)[yt]
     p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     sets = p >= 0.25
-    from probes.conformal import prediction
+    from evaluation.conformal import prediction
     yp = prediction(sets)
     t0 = time.perf_counter()
     res = M.evaluate(yt, yp, p, sets=sets, seed=0, n_boot=1000)

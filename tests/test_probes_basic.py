@@ -179,13 +179,13 @@ def test_mean_representation_recorded_and_bags_reduced(data):
 def test_hydra_configs_instantiate():
     from extract.config import compose_config
     from probes.pipeline import make_probe
-    from probes.samil import SAMILProbe
+    from probes.samil import SAwMILProbe
 
-    expected = {"linear": LinearProbe, "mlp": MLPProbe, "mean_diff": MeanDiffProbe, "samil": SAMILProbe,
-                "sawmil": SAMILProbe}
+    expected = {"linear": LinearProbe, "mlp": MLPProbe, "mean_diff": MeanDiffProbe, "samil": SAwMILProbe,
+                "sawmil": SAwMILProbe}
     for name, cls in expected.items():
         probe = make_probe(compose_config("train_probe", f"probe={name}"))
-        assert type(probe) is cls and probe.representation == ("bags" if cls is SAMILProbe else "last")
+        assert type(probe) is cls and probe.representation == ("bags" if cls is SAwMILProbe else "last")
     linear = make_probe(compose_config("train_probe", "probe=linear", "probe.representation=mean", "probe.C=0.5"))
     assert linear.representation == "mean" and linear.C == 0.5 and linear.Cs == (0.001, 0.01, 0.1, 1.0, 10.0)
 

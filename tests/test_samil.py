@@ -1,4 +1,4 @@
-"""Tests for probes/samil.py (sAwMIL in PyTorch), partly against the `sawmil` package (OSQP).
+"""Tests for probes/samil/ (sAwMIL in PyTorch), partly against the `sawmil` package (OSQP).
 
 The package comparisons need `sawmil` and `osqp` (the `test` extra); they are
 skipped when either is missing.  Facts about the package that shape them:
@@ -225,6 +225,6 @@ def test_input_validation():
     with pytest.raises(ValueError):
         SAwMIL().fit(X, off, np.zeros_like(y))       # a single class
     with pytest.raises(ValueError):
-        SAwMIL(c_scaling="bogus")
+        SAwMIL(c_scaling="bogus").fit(X, off, y)    # sklearn-style: checked in fit
     with pytest.raises(RuntimeError):
         SAwMIL().decision_function(X, off)

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from extract.config import compose_config
 
 from extract.statements import load_statements
-from probes.splits import Split, SplitError, make_split
+from evaluation.splits import Split, SplitError, make_split
 
 PACKS = ["city_locations", "med_indications", "word_definitions"]
 CONF = Path(__file__).resolve().parent.parent / "conf" / "split"
@@ -176,7 +176,7 @@ def test_cv_groups_give_folds_with_every_class(pack):
     """The groups of grouped CV inside the training split (one per subject entity) are small, so
     every fold holds out statements of every class (linking objects too made two giant groups)."""
     from sklearn.model_selection import StratifiedGroupKFold
-    from probes.splits import entity_groups
+    from evaluation.splits import entity_groups
 
     table = load_statements(pack)
     train = make_split(table, kind="entity_disjoint", seed=0).train

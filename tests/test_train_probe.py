@@ -15,7 +15,7 @@ from sklearn.metrics import matthews_corrcoef
 from extract.config import compose_config
 from extract.statements import load_statements
 from extract.store import KIND_SPECIAL, KIND_STATEMENT, create_store
-from probes.pipeline import cell_path, train_probes
+from probes.pipeline import probe_cell_path, train_probes
 
 ROOT = Path(__file__).resolve().parent.parent
 probe_config = partial(compose_config, "train_probe")
@@ -96,7 +96,7 @@ def test_existing_cells_are_skipped_unless_overwrite(synthetic_dirs):
     assert path.stat().st_mtime_ns == stamp
     train_probes(run_cfg(synthetic_dirs, "probe=mean_diff", "task=false_vs_all", "layer=1", "overwrite=true"))
     assert path.stat().st_mtime_ns != stamp
-    assert cell_path(cfg, 1) == path
+    assert probe_cell_path(cfg, 1) == path
 
 
 def _cli(dirs: Path, *args: str) -> subprocess.CompletedProcess:
@@ -150,7 +150,7 @@ def test_every_probe_on_a_smollm2_store(tmp_path):
 
 def _write_many(args):
     path, worker = args
-    from probes.pipeline import write_cell
+    from evaluation.cells import write_cell
 
     for i in range(10):
         write_cell(path, {"worker": worker, "i": i, "payload": list(range(5000))})

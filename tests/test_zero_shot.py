@@ -19,10 +19,11 @@ from sklearn.metrics import matthews_corrcoef
 from extract.config import compose_config
 from extract.models import load_model
 from extract.statements import load_statements
-from probes.splits import make_split
+from evaluation.splits import make_split
 from zero_shot.prompts import (ENUMERATIONS, PromptError, PromptRenderer, base_prompt, get_enumeration,
                                option_token_ids)
-from zero_shot.run import (ZeroShotError, compute_scores, partial_path, run, scores_path)
+from zero_shot.run import run
+from zero_shot.scoring import ZeroShotError, compute_scores, partial_path, scores_path
 
 ROOT = Path(__file__).resolve().parent.parent
 zs_config = partial(compose_config, "zero_shot")

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from extract.errors import ToolkitError
+
 __all__ = ["ANSWERS", "TF_ANSWERS", "ENUMERATIONS", "Enumeration", "PromptRenderer",
            "get_enumeration", "base_prompt", "chat_messages", "option_token_ids", "PromptError"]
 
@@ -69,7 +71,7 @@ SYSTEM_TEXT = ("You are an expert in fact-checking. Your task is to assist the u
                "questions based on your comprehensive knowledge. Please respond with the corresponding {unit}.")
 
 
-class PromptError(ValueError):
+class PromptError(ToolkitError):
     """A prompt or option set that cannot be built for this tokenizer; one line naming the fix."""
 
 

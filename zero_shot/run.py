@@ -1,29 +1,4 @@
-"""Zero-shot scoring (one forward pass per statement) and its evaluation into result cells.
-
-Scores
-------
-For every statement of the datapack the prompt of :mod:`zero_shot.prompts` is run once and the
-next-token distribution (softmax in float32) at the prompt's last token is reduced to 7 columns:
-the probability of each of the six options (summed over that option's label ids, see
-:func:`zero_shot.prompts.option_token_ids`), in option order whatever the enumeration's labels,
-and the remaining mass. The float32 array [len(datapack), 7], rows in datapack order, is stored
-at::
-
-    <results_dir>/<model>/<datapack>/zero_shot/scores-<enumeration><suffix>.npy
-    <results_dir>/<model>/<datapack>/zero_shot/scores-<enumeration><suffix>.json   (how it was made)
-
-``<suffix>`` is empty for a full run, ``-limit<N>`` with ``limit=N`` (first N statements) and
-``-heldout-<split>-seed<s>`` with ``rows=heldout`` (only the calibration and test rows of
-``split=``, all that the evaluation needs); rows not scored are NaN.
-
-Batches are consecutive statements, right-padded with an attention mask; the LM head sees only
-each row's last real token. The tokens every prompt starts with (system turn, question opening)
-are run once and their key/value cache is reused by every batch (``prefix_cache=false`` runs
-whole prompts; the two agree to float32 rounding). Every ``save_every`` batches the rows done so
-far are written atomically to ``scores-<enumeration><suffix>.partial.npz``; a rerun continues
-from it with the same batches, so the final file is bit-identical to an uninterrupted run. A
-partial or final file made with another model, prompt, option ids, statements or rows is
-refused unless ``overwrite=true``; a matching final file is reused.
+"""Zero-shot evaluation: any N x 7 option-probability file (zero_shot/scoring.py) -> result cells.
 
 Evaluation
 ----------
@@ -33,17 +8,17 @@ neither group masses normalised to sum to one. Two modes:
 
 - ``argmax``: the largest of the four groups false / true / neither / abstain; abstain when the
   abstain group wins;
-- ``conformal``: split-conformal sets (:class:`probes.conformal.ConformalClassifier`, alpha,
+- ``conformal``: split-conformal sets (:class:`evaluation.conformal.ConformalClassifier`, alpha,
   optionally Mondrian) calibrated on the calibration rows of ``split=``; abstain on empty or
   multi-label sets.
 
-Both are evaluated on the split's test rows (:func:`probes.metrics.evaluate`: MCC, W-MCC,
+Both are evaluated on the split's test rows (:func:`evaluation.metrics.evaluate`: MCC, W-MCC,
 acceptance, AUROC, ...). Tasks: ``multiclass`` and, from the same probabilities,
 ``true_vs_all`` / ``false_vs_all`` / ``neither_vs_all`` (positive-class probability = that class's
 normalised probability; argmax: positive iff that class's group wins) and ``true_vs_false``
 (real entities only; p = true / (true + false); argmax: a winning neither group counts as an
 abstention). One cell per (enumeration, mode, task), written with
-:func:`probes.pipeline.write_cell` to::
+:func:`evaluation.cells.write_cell` to::
 
     <results_dir>/<model>/<datapack>/zero_shot_<enumeration>_<mode>/<task>/<split>/layer=none/seed=<seed>.json
 
@@ -53,313 +28,31 @@ the folder ``.../<variation>/<model>`` or the files in datapack order).
 """
 from __future__ import annotations
 
-import copy
 import hashlib
-import inspect
 import json
 import logging
-import os
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
-from extract.models import load_model
-from extract.statements import FALSE, NEITHER, TRUE, load_statements
-from probes.conformal import ConformalClassifier, binary_probs, prediction
-from probes.data import task_targets
-from probes.metrics import ABSTAIN, evaluate
-from probes.pipeline import write_cell
-from probes.splits import make_split
-from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
+from evaluation.cells import cell_path, write_cell
+from evaluation.conformal import ConformalClassifier, binary_probs, prediction
+from evaluation.metrics import ABSTAIN, evaluate
+from evaluation.splits import make_split
+from evaluation.tasks import POSITIVE, TASKS, task_targets
+from extract.statements import FALSE, NEITHER, TRUE
+from zero_shot.prompts import get_enumeration
+from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores, load_table
 
 log = logging.getLogger(__name__)
 
-N_COLUMNS = 7
 MODES = ("argmax", "conformal")
-TASKS = ("multiclass", "true_vs_all", "false_vs_all", "neither_vs_all", "true_vs_false")
 # 0-based option columns of each group; group order = class codes 0 false, 1 true, 2 neither, then abstain
 GROUPS = (("false", (1,)), ("true", (0,)), ("neither", (2, 3)), ("abstain", (4, 5)))
 ABSTAIN_GROUP = 3
-_POSITIVE = {"true_vs_all": TRUE, "false_vs_all": FALSE, "neither_vs_all": NEITHER}
 
 
-class ZeroShotError(ValueError):
-    """Bad input or settings; the message is one line naming the fix."""
-
-
-# ============================================================================ scoring
-def load_table(cfg: DictConfig):
-    data = cfg.data
-    return load_statements(data.name, source=data.get("source", "csv"), path=data.get("path"),
-                           statement_column=data.get("statement_column", "statement"),
-                           label_column=data.get("label_column"))
-
-
-def scored_rows(cfg: DictConfig, table) -> tuple[np.ndarray, str]:
-    """Rows (ascending positions) this run scores, and the suffix naming its score file.
-
-    rows=all: every statement (the first `limit` with limit=N); rows=heldout: only the
-    calibration and test rows of `split=` (all the evaluation needs; about 35-45 % of a
-    datapack), the other rows stay NaN in the file.
-    """
-    n = len(table) if not cfg.get("limit") else min(len(table), int(cfg.limit))
-    suffix = f"-limit{n}" if cfg.get("limit") else ""
-    rows = np.arange(n)
-    if cfg.rows == "heldout":
-        split = make_split(table, **cfg.split)
-        held = np.union1d(split.calibration, split.test)
-        rows = held[held < n]
-        suffix += f"-heldout-{split.kind}-seed{split.seed}"
-    elif cfg.rows != "all":
-        raise ZeroShotError(f"rows={cfg.rows!r}: use all or heldout")
-    if len(rows) == 0:
-        raise ZeroShotError(f"no statement to score with rows={cfg.rows} and limit={cfg.get('limit')}: "
-                            "raise the limit")
-    return rows.astype(np.int64), suffix
-
-
-def scores_path(cfg: DictConfig, suffix: str = "") -> Path:
-    return (Path(cfg.results_dir) / cfg.model.name / cfg.data.name / "zero_shot"
-            / f"scores-{cfg.enumeration}{suffix}.npy")
-
-
-class LastTokenLogits:
-    """Context manager: the LM head sees only each row's last real token (logits [B, 1, V]).
-
-    A forward pre-hook on the output embedding replaces its input [B, T, d] by the rows'
-    states at `last` [B]; whatever the model does after the head (e.g. Gemma's soft-capping)
-    still applies. Saves the [B, T, V] logits of every position.
-    """
-
-    def __init__(self, model):
-        self.head = model.get_output_embeddings()
-        if self.head is None:
-            raise ZeroShotError(f"{type(model).__name__} has no output embedding (LM head)")
-        self.last: torch.Tensor | None = None
-        self._handle = None
-
-    def _hook(self, module, args):
-        hidden = args[0]
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return (hidden[rows, self.last.to(hidden.device)].unsqueeze(1),) + tuple(args[1:])
-
-    def __enter__(self):
-        self._handle = self.head.register_forward_pre_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        self._handle.remove()
-
-
-def option_matrix(option_ids: list[list[int]], vocab_size: int) -> torch.Tensor:
-    """float32 [V, 7]: column j sums the probabilities of option j's ids, column 6 all other ids."""
-    m = torch.zeros(vocab_size, N_COLUMNS, dtype=torch.float32)
-    for j, ids in enumerate(option_ids):
-        m[ids, j] = 1.0
-    m[:, N_COLUMNS - 1] = 1.0 - m[:, : N_COLUMNS - 1].sum(1)
-    if (m[:, N_COLUMNS - 1] < 0).any():
-        raise ZeroShotError("an id belongs to two options")
-    return m
-
-
-def common_prefix_length(prompts: list[np.ndarray]) -> int:
-    """Tokens shared by the start of every prompt (at least one token of each is left over)."""
-    first = prompts[0]
-    p = len(first) - 1
-    for x in prompts[1:]:
-        m = min(p, len(x) - 1)
-        differ = np.flatnonzero(first[:m] != x[:m])
-        p = int(differ[0]) if differ.size else m
-    return max(p, 0)
-
-
-class PromptScorer:
-    """Prompts (token ids) -> [B, 7] option probabilities, one right-padded forward pass per batch.
-
-    With `prefix` (token ids shared by every prompt) the prefix is run once and its key/value
-    cache is reused by every batch, which then only runs the rest of each prompt.
-    """
-
-    def __init__(self, model, option_ids, pad_id: int, device: torch.device, prefix: np.ndarray | None = None):
-        self.model, self.pad_id, self.device = model, pad_id, device
-        self.reduce = option_matrix(option_ids, model.get_output_embeddings().weight.shape[0]).to(device)
-        self.prefix_len = 0 if prefix is None else len(prefix)
-        self.prefix_cache = None
-        if self.prefix_len:
-            # transformers >= 5.2x calls the key/value cache `cache`, older versions `past_key_values`
-            params = inspect.signature(model.forward).parameters
-            self.cache_arg = "cache" if "cache" in params else "past_key_values"
-            with torch.inference_mode():
-                ids = torch.from_numpy(prefix)[None].to(device)
-                out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
-            self.prefix_cache = getattr(out, self.cache_arg, None)
-            if self.prefix_cache is None or not hasattr(self.prefix_cache, "batch_repeat_interleave"):
-                raise ZeroShotError(f"{type(model).__name__} returns no reusable key/value cache: "
-                                    "set prefix_cache=false")
-
-    @torch.inference_mode()
-    def __call__(self, head: LastTokenLogits, batch_ids: list[np.ndarray]) -> np.ndarray:
-        p = self.prefix_len
-        lengths = torch.tensor([len(x) - p for x in batch_ids])
-        width = int(lengths.max())
-        ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
-        for row, x in enumerate(batch_ids):
-            ids[row, : len(x) - p] = torch.from_numpy(x[p:])
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-        kwargs = {"use_cache": False}
-        if p:
-            cache = copy.deepcopy(self.prefix_cache)
-            cache.batch_repeat_interleave(len(batch_ids))
-            mask = torch.cat([torch.ones(len(batch_ids), p, dtype=torch.long), mask], dim=1)
-            kwargs = {"use_cache": True, self.cache_arg: cache}
-        head.last = lengths - 1
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs).logits
-        probs = torch.softmax(logits[:, -1, :].float(), dim=-1)
-        if probs.shape[-1] != self.reduce.shape[0]:
-            raise ZeroShotError(f"logits have {probs.shape[-1]} entries, the LM head {self.reduce.shape[0]} rows")
-        return (probs @ self.reduce).cpu().numpy()
-
-
-def _sha16(*arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        if isinstance(a, np.ndarray):
-            h.update(np.ascontiguousarray(a).tobytes())
-        else:
-            for s in a:
-                h.update(str(s).encode())
-                h.update(b"\0")
-        h.update(b"|")
-    return h.hexdigest()[:16]
-
-
-def _atomic_write(path: Path, write) -> None:
-    """write(file object) into a temporary file of path's folder, then rename it over path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def partial_path(final: Path) -> Path:
-    return final.with_name(final.stem + ".partial.npz")
-
-
-def _load_partial(path: Path):
-    with np.load(path, allow_pickle=False) as z:
-        return z["scores"], int(z["n_done"]), json.loads(str(z["signature"])), int(z["batch_size"])
-
-
-def _save_partial(path: Path, scores: np.ndarray, n_done: int, signature: dict, batch_size: int) -> None:
-    _atomic_write(path, lambda f: np.savez(f, scores=scores, n_done=np.int64(n_done),
-                                           signature=np.str_(json.dumps(signature, sort_keys=True)),
-                                           batch_size=np.int64(batch_size)))
-
-
-def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
-    """Score the statements of `rows=` (or resume, or reuse a matching file); returns the .npy path.
-
-    The file is float32 [len(datapack), 7]; rows not scored (limit, rows=heldout) are NaN.
-    on_batch(i): called after batch i (tests use it to simulate an interruption).
-    """
-    if cfg.batch_size < 1 or cfg.save_every < 1:
-        raise ZeroShotError("batch_size and save_every must be >= 1")
-    enum = get_enumeration(cfg.enumeration)
-    table = load_table(cfg)
-    rows, suffix = scored_rows(cfg, table)
-    final = scores_path(cfg, suffix)
-    meta_path = final.with_suffix(".json")
-    partial = partial_path(final)
-    loaded = load_model(cfg.model)
-    tok = loaded.tokenizer
-    renderer = PromptRenderer(tok, enum, loaded.use_chat_template)
-    option_ids = option_token_ids(tok, enum.labels)
-    prompt = renderer.describe()
-    statements = table["statement"].tolist()
-    signature = {
-        "model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
-        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
-        "prompt_sha256": prompt["sha256"], "option_ids": option_ids, "n_statements": len(statements),
-        "statements_sha256": _sha16(statements), "rows_sha256": _sha16(rows), "n_scored": int(len(rows)),
-        "prefix_cache": bool(cfg.prefix_cache),
-    }
-    if final.exists() and not cfg.overwrite:
-        old = json.loads(meta_path.read_text()).get("signature") if meta_path.exists() else None
-        if old == signature:
-            log.info("scores exist: %s (overwrite=true recomputes them)", final)
-            return final
-        raise ZeroShotError(f"{final} was made with other settings (model, prompt, statements, rows): "
-                            "set overwrite=true to replace it")
-    done, batch_size = 0, int(cfg.batch_size)
-    scores = np.full((len(statements), N_COLUMNS), np.nan, dtype=np.float32)
-    if partial.exists() and not cfg.overwrite:
-        old_scores, n_done, old_sig, old_bs = _load_partial(partial)
-        if old_sig != signature:
-            raise ZeroShotError(f"{partial} was made with other settings (model, prompt, statements, rows): "
-                                "set overwrite=true to start again")
-        scores[rows[:n_done]], done = old_scores[rows[:n_done]], n_done
-        if old_bs != batch_size:
-            log.info("resuming with the batch size of the interrupted run (%d, not %d)", old_bs, batch_size)
-            batch_size = old_bs
-        log.info("resuming %s after %d of %d statements", final.name, done, len(rows))
-    log.info("zero-shot prompt (%s, %s):\n%s", enum.name,
-             "chat template" if renderer.use_chat_template else "base", prompt["example"])
-    log.info("option ids: %s", [[tok.decode([i]) for i in ids] for ids in option_ids])
-
-    prompts = [renderer.ids(statements[i]) for i in tqdm(rows, desc="tokenize", unit="stmt", leave=False)]
-    prefix = None
-    if cfg.prefix_cache and len(prompts) > 1:
-        p = common_prefix_length(prompts)
-        prefix = prompts[0][:p] if p > 0 else None
-        log.info("prefix cache: %d shared tokens of %d-%d per prompt", p, min(map(len, prompts)),
-                 max(map(len, prompts)))
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    scorer = PromptScorer(loaded.model, option_ids, pad_id, loaded.device, prefix)
-    n = len(rows)
-    n_batches = -(-n // batch_size)
-    first = done // batch_size
-    started = time.perf_counter()
-    with LastTokenLogits(loaded.model) as head:
-        for b in tqdm(range(first, n_batches), total=n_batches, initial=first, desc=f"zero-shot {enum.name}",
-                      unit="batch"):
-            a, z = b * batch_size, min(n, (b + 1) * batch_size)
-            scores[rows[a:z]] = scorer(head, prompts[a:z])
-            if (b + 1 - first) % cfg.save_every == 0 and z < n:
-                _save_partial(partial, scores, z, signature, batch_size)
-            if on_batch is not None:
-                on_batch(b)
-    meta = {
-        "signature": signature, "batch_size": batch_size, "prompt": prompt,
-        "option_tokens": [[tok.decode([i]) for i in ids] for ids in option_ids],
-        "columns": [f"option {i + 1} ({a})" for i, a in enumerate(enum.answers)] + ["remaining mass"],
-        "rows": cfg.rows, "limit": cfg.get("limit"), "prefix_tokens": 0 if prefix is None else len(prefix),
-        "model": OmegaConf.to_container(cfg.model, resolve=True), "datapack": cfg.data.name,
-        "seconds": time.perf_counter() - started, "resumed_after": done,
-        "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode()))
-    _atomic_write(final, lambda f: np.save(f, scores))
-    partial.unlink(missing_ok=True)
-    log.info("scores: %s (%d statements scored, %.0f s)", final, n, meta["seconds"])
-    return final
-
-
-# ========================================================================= evaluation
 def group_masses(scores: np.ndarray) -> np.ndarray:
     """[N, 7] option probabilities -> [N, 4] masses of false / true / neither / abstain."""
     return np.stack([scores[:, list(cols)].sum(1) for _, cols in GROUPS], axis=1)
@@ -385,8 +78,8 @@ def task_view(scores: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray]:
     pred3 = argmax_prediction(scores)
     if task == "multiclass":
         return p3, pred3
-    if task in _POSITIVE:
-        c = _POSITIVE[task]
+    if task != "true_vs_false" and task in POSITIVE:
+        c = POSITIVE[task]
         return binary_probs(p3[:, c]), np.where(pred3 == ABSTAIN, ABSTAIN, (pred3 == c).astype(np.int64))
     if task == "true_vs_false":
         tf = p3[:, TRUE] + p3[:, FALSE]
@@ -394,12 +87,6 @@ def task_view(scores: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray]:
         pred = np.where((pred3 == ABSTAIN) | (pred3 == NEITHER), ABSTAIN, (pred3 == TRUE).astype(np.int64))
         return binary_probs(p), pred
     raise ZeroShotError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
-
-
-def cell_path(results_dir, model: str, datapack: str, enumeration: str, mode: str, task: str,
-              split_kind: str, seed: int) -> Path:
-    return (Path(results_dir) / model / datapack / f"zero_shot_{enumeration}_{mode}" / task / split_kind
-            / "layer=none" / f"seed={seed}.json")
 
 
 def resolve_score_files(spec, table) -> list[Path]:
@@ -522,8 +209,8 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
                 ok = scored[rows]
                 cell["metrics_all_scored_rows"] = evaluate(y[ok], argmax_all[rows][ok], probs[ok], seed=cfg.seed,
                                                            n_boot=cfg.n_boot)
-            path = cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, cfg.enumeration, mode, task,
-                             split.kind, cfg.seed)
+            path = cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, f"zero_shot_{cfg.enumeration}_{mode}",
+                             task, split.kind, None, cfg.seed)
             write_cell(path, cell)
             paths.append(path)
             if task == "multiclass":

@@ -17,10 +17,8 @@ import time
 
 import torch
 
-from extract.config import compose_config
+from extract.config import compose_config, layer_sweep_probes
 from probes.pipeline import train_probes
-
-PROBES = ("linear", "mean_diff", "mlp", "samil")
 
 
 def main(argv: list[str]) -> None:
@@ -31,7 +29,7 @@ def main(argv: list[str]) -> None:
           f"on {os.cpu_count()} CPUs")
     print("| probe | layers | total | per layer | fitting share |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as results:
-        for probe in PROBES:
+        for probe in layer_sweep_probes():
             extra = [f"probe.C={samil_C}"] if probe == "samil" else []
             cfg = compose_config("train_probe", f"probe={probe}", "layer=all", f"results_dir={results}",
                                  *overrides, *extra)

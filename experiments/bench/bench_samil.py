@@ -218,8 +218,9 @@ def real_fit(store_path: str, layer: int, C: float, device=None):
     """sAwMIL on every training bag of a store (true_vs_all, entity-disjoint split, seed 0)."""
     from extract.store import ActivationStore
     from probes.base import standardiser
-    from probes.data import layer_features, task_targets
-    from probes.splits import make_split
+    from evaluation.tasks import task_targets
+    from probes.features import layer_features
+    from evaluation.splits import make_split
 
     store = ActivationStore(store_path)
     table = store.table

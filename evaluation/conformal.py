@@ -38,7 +38,8 @@ import math
 
 import numpy as np
 
-from probes.metrics import acceptance_rate, coverage, mean_set_size, per_class_coverage
+from extract.errors import ToolkitError
+from evaluation.metrics import acceptance_rate, coverage, mean_set_size, per_class_coverage
 
 __all__ = [
     "ConformalClassifier",
@@ -87,7 +88,7 @@ def conformal_threshold(scores, alpha: float, what: str = "calibration split") -
     n = s.size
     k = conformal_rank(n, alpha)
     if k > n:
-        raise ValueError(
+        raise ConformalError(
             f"{what} has {n} statements, alpha={alpha:g} needs at least "
             f"{_min_calibration_size(alpha)}: lower alpha or enlarge the calibration split"
         )
@@ -99,6 +100,10 @@ def prediction(sets) -> np.ndarray:
     s = np.asarray(sets, dtype=bool)
     single = s.sum(axis=1) == 1
     return np.where(single, np.argmax(s, axis=1), -1).astype(np.int64)
+
+
+class ConformalError(ToolkitError):
+    """A calibration split or level that cannot give valid conformal sets."""
 
 
 class ConformalClassifier:
@@ -131,7 +136,7 @@ class ConformalClassifier:
         if p.shape[0] != y.size:
             raise ValueError(f"cal_probs has {p.shape[0]} rows but cal_labels has {y.size}")
         if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+            raise ConformalError(f"alpha={alpha}: use a miscoverage level in (0, 1), e.g. alpha=0.1")
         k = p.shape[1]
         if y.size and (y.min() < 0 or y.max() >= k):
             raise ValueError(f"cal_labels must be in [0, {k}), got {np.unique(y).tolist()}")

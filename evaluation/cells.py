@@ -1,0 +1,72 @@
+"""Result cells: where they live, how they are written (atomically) and read back.
+
+One cell = one JSON file per (model, datapack, method, task, split, layer, seed):
+
+    <results_dir>/<model>/<datapack>/<method>/<task>/<split>/layer=<k|none>/seed=<s>.json
+
+`method` is a probe name (linear, samil, ...) or a behavioural method (zero_shot_<enumeration>_<mode>);
+`layer` is None for methods that read no layer ("none" in the path, null in the JSON).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, IO
+
+from extract.errors import ToolkitError, check_name
+
+
+class CellError(ToolkitError):
+    """A result cell that is missing, truncated or not a cell."""
+
+
+def cell_path(results_dir, model: str, datapack: str, method: str, task: str, split: str,
+              layer: int | None, seed: int) -> Path:
+    """The one place that names a cell's file; every name is checked to be one path component."""
+    parts = [check_name(v, k) for k, v in (("model", model), ("data", datapack), ("probe", method),
+                                           ("task", task), ("split", split))]
+    return Path(results_dir).joinpath(*parts, f"layer={'none' if layer is None else int(layer)}",
+                                      f"seed={int(seed)}.json")
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """write(binary file) into a temporary file of path's folder, fsync, then rename it over path:
+    a reader sees the old file or the new one, never a part. Permissions follow the umask."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_cell(path: Path, cell: dict) -> None:
+    """A cell as JSON (NaN refused: every number in a cell is finite or null), atomically."""
+    data = json.dumps(cell, allow_nan=False).encode()
+    atomic_write(path, lambda f: f.write(data))
+
+
+def read_cell(path: Path) -> dict:
+    """A cell written by `write_cell`; a one-line CellError naming the file otherwise."""
+    try:
+        cell = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CellError(f"{path}: no such result cell") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CellError(f"{path} is not a readable result cell ({err}): delete it and rerun the command "
+                        "that wrote it") from None
+    if not isinstance(cell, dict) or not {"metrics", "config", "test"} <= set(cell):
+        raise CellError(f"{path} is not a result cell (no metrics / config / test): delete it and rerun the "
+                        "command that wrote it")
+    return cell

@@ -1,0 +1,97 @@
+"""What a probe is fitted on: one layer's features of N statements, read from a store.
+
+`layer_features(store, layer, representation, tokens)` reads one layer once and returns
+`Features`: one vector per statement (representation last / mean) or the bag of its tokens
+(representation bags, for multiple-instance probes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from extract.errors import ToolkitError
+from extract.store import KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore
+
+REPRESENTATIONS = ("last", "mean", "bags")
+TOKEN_KINDS = {"statement": (KIND_STATEMENT,), "all": (KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT)}
+
+
+@dataclass
+class Features:
+    """One layer's representation of N statements.
+
+    X        float32 [N, d] one vector per statement (representation last / mean), or
+             float32 [T, d] token vectors when `offsets` is given (representation bags)
+    offsets  int64 [N+1] or None: statement i owns rows offsets[i]:offsets[i+1] of X
+    groups   int64 [N] or None: group of each statement (statements sharing an entity share a
+             group), for grouped cross-validation inside `fit`
+    """
+    X: torch.Tensor
+    offsets: torch.Tensor | None = None
+    groups: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.X) if self.offsets is None else len(self.offsets) - 1
+
+    @property
+    def is_bags(self) -> bool:
+        return self.offsets is not None
+
+    def subset(self, index: np.ndarray) -> "Features":
+        """The statements `index` (int [M]), in that order."""
+        index = np.asarray(index, dtype=np.int64)
+        groups = None if self.groups is None else self.groups[index]
+        if self.offsets is None:
+            return Features(self.X[torch.from_numpy(index)], None, groups)
+        starts, ends = self.offsets[:-1][index], self.offsets[1:][index]
+        lengths = ends - starts
+        rows = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths) + torch.arange(int(lengths.sum()))
+        offsets = torch.zeros(len(index) + 1, dtype=torch.long)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        return Features(self.X[rows], offsets, groups)
+
+
+
+def layer_features(store: ActivationStore, layer: int, representation: str, tokens: str = "statement") -> Features:
+    """Features of every statement of the store at one layer (one read of that layer).
+
+    representation: last (last token of the chosen kinds) | mean | bags (all tokens of those kinds)
+    tokens: statement (statement text only) | all (BOS and chat-template tokens too, as the reference)
+    """
+    if tokens not in TOKEN_KINDS:
+        raise ToolkitError(f"tokens={tokens!r}: use one of {', '.join(TOKEN_KINDS)} (probe.tokens=...)")
+    kinds = TOKEN_KINDS[tokens]
+    if representation == "bags":
+        X, offsets = store.bags(layer, kinds)
+        return Features(torch.from_numpy(X), torch.from_numpy(offsets))
+    if representation == "last":
+        return Features(torch.from_numpy(store.last_token(layer, kinds)))
+    if representation == "mean":
+        return Features(torch.from_numpy(store.mean(layer, kinds)))
+    raise ToolkitError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+
+
+def statement_vectors(data: Features, representation: str) -> torch.Tensor:
+    """float32 [N, d]: one vector per statement.
+
+    Per-statement features (no offsets) are returned as they are: the caller loaded the layer in the
+    representation the probe asked for. Bags are reduced here: "last" takes each bag's last token,
+    "mean" averages its tokens (an empty bag gives zeros).
+    """
+    if representation not in ("last", "mean"):
+        raise ValueError(f"representation must be 'last' or 'mean', got {representation!r}")
+    X = data.X
+    if not data.is_bags:
+        return X.float()
+    offsets = data.offsets.to(torch.long)
+    lengths = offsets[1:] - offsets[:-1]
+    if representation == "last":
+        if bool((lengths == 0).any()):
+            raise ValueError("an empty bag has no last token")
+        return X[offsets[1:] - 1].float()
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    out = torch.zeros(len(lengths), X.shape[1], dtype=torch.float32, device=X.device)
+    out.index_add_(0, rows.to(X.device), X.float())
+    return out / lengths.clamp(min=1).to(out)[:, None]

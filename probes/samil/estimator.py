@@ -1,0 +1,320 @@
+"""The sAwMIL estimator: sparse-aware multiple-instance SVM (linear), three stages, in PyTorch.
+
+This is the probe of "The Trilemma of Truth in Large Language Models"
+(Savcisens & Eliassi-Rad, arXiv:2506.23921): an sbMIL-style (Bunescu & Mooney,
+2007) three-stage linear multiple-instance SVM whose bags are the token
+activations of one statement.  Every optimisation problem is solved in the
+primal by :func:`probes.samil.solver.fit_linear_svm`, to a certified duality
+gap, on all bags and all their tokens, on CPU or GPU. Data layout: :mod:`probes.samil.bags`.
+"""
+from __future__ import annotations
+
+import time
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+
+from probes.base import ProbeError, check_choice
+
+from probes.samil.bags import as_tensor, bag_index, check_offsets, last_k_candidates, matvec, segment_max
+from probes.samil.solver import fit_linear_svm, hinge_objective
+
+
+class SAwMIL(BaseEstimator):
+    """Sparse-aware multiple-instance SVM (sAwMIL), linear, solved in the primal in PyTorch.
+
+    Notation: ``T`` instances (tokens) in ``N`` bags (statements), dimension ``d``;
+    ``N_+``/``N_-`` positive/negative bags, ``L_+``/``L_-`` the instances they hold.
+
+    Stage 1 -- sMIL (Bunescu & Mooney 2007, textbook, linear, primal)::
+
+        min_{w,b} 0.5||w||^2 + C/L_- * sum_{x in neg. bags} max(0, 1 + (w.x + b))
+                             + C/N_+ * sum_{B positive}   max(0, rho_B - (w.mean(B) + b)),
+        rho_B = (2 - |B|) / |B|
+
+      i.e. every instance of a negative bag is a negative example, every positive
+      bag is represented by its instance mean with the relaxed sMIL margin (at
+      least one instance of ``B`` positive).  The ``C/L_-``, ``C/N_+``
+      normalisation is the one of the sMIL paper (and of ``misvm``/``sawmil``
+      with ``scale_C=True``, the setting of the Trilemma runs).  Problem size:
+      ``L_- + N_+`` examples of dimension ``d``.
+
+    Stage 2 -- relabelling (what the Trilemma reference code does: misvm's
+    ``sbMIL`` patched with intra-bag masks, ``probes/sawmil.py::sort_and_label``):
+      * every positive-bag instance is scored with the stage-1 model, ``s = w1.x + b1``;
+      * ``n = clip(round(eta * L_+), N_+, L_+)`` (at least one per positive bag),
+        the cutoff is the ``n``-th largest score over ALL positive-bag instances;
+      * an instance is labelled **positive** iff it is a **candidate** and its score
+        is ``>= cutoff``; every other instance of a positive bag (non-selected
+        candidates and all non-candidates) is labelled **negative** and kept in
+        the stage-3 training set, like every negative-bag instance;
+      * fallback (``fallback_used_ = True``): if fewer than ``min_pos_ratio * L_+``
+        instances were selected (reference: 5 %), with ``fallback="candidates"``
+        (default) the top ``max(N_+, ceil(min_pos_ratio * L_+))`` candidates by
+        score are labelled positive instead; with ``fallback="any"`` (the
+        reference) the candidate mask is ignored and the top-``n`` positive-bag
+        instances (score ``>= cutoff``) are. Both ignore the mask when the
+        positive bags hold fewer candidates than there are positive bags. (On real
+        activations "any" can label the shared opening tokens of every statement
+        positive, and the bag max is then the same for every bag: AUROC 0.5.)
+      ``eta=None`` (default) uses the reference runner's choice: the fraction of
+      candidate instances among all training instances (``~k / mean bag length``).
+      The effective fraction ``eta_ = #positive labels / L_+`` is recorded.
+      (The ``sawmil`` package differs in details: its cutoff is the
+      ``1 - eta`` quantile of the positive-bag scores, without the floor of one
+      per positive bag, and its fallback -- fewer than
+      ``max(1, int(min_pos_ratio * L_+))`` selected -- takes the top
+      ``max(that, round(eta * L_+))`` instances regardless of candidates.  Both
+      label non-selected and non-candidate positive-bag instances negative.)
+
+    Stage 3 -- instance SVM on the relabelled instances (all ``T`` of them)::
+
+        min_{w,b} 0.5||w||^2 + sum_i C_i max(0, 1 - y_i (w.x_i + b)),  y_i in {-1,+1}
+        C_i = C / T   (c_scaling="per_instance", default)   or   C   (c_scaling="none")
+
+      No class weighting (neither the reference nor the package uses one).
+      Bag score: ``max_{x in B} w.x + b`` (:meth:`decision_function`).
+
+    C scaling default -- ``"per_instance"``: it is what the Trilemma reference
+    code runs (misvm ``SVM.fit`` with ``scale_C=True`` divides C by the number of
+    training instances), so the paper's C grid (0.05 ... 10) keeps its meaning;
+    it makes the loss an average, so one C means the same regularisation whatever
+    the number of bags/tokens (we train on all tokens, T varies 100x between
+    datasets); and it matches the normalised stage 1.  ``"none"`` reproduces the
+    ``sawmil`` package (its stage-3 ``SVM`` receives C unscaled), which at
+    ``T ~ 10^4-10^5`` is close to a hard-margin SVM.  Caveat: with the strong
+    default regularisation (C=1 per instance) the intercept can dominate, so the
+    ranking (AUROC) is good but the bag threshold 0 may call every bag negative
+    when the signal is weak; calibrate the threshold (or raise C) when a hard
+    decision is needed.
+
+    Every stage is solved by :func:`fit_linear_svm` (smoothed-hinge Newton
+    continuation in float64, active-set polish, interior-point fallback; stopped
+    on a certified relative exact-hinge duality gap ``<= tol``), on ``device``,
+    on all bags and all tokens.  Memory: a float64 copy of ``X`` plus the
+    stage-1 matrix (``(L_- + N_+) x d``), i.e. about ``12 T d`` bytes at peak.  The fit is
+    deterministic: there is no random component (``seed`` is accepted for API
+    symmetry with the other probes; nothing is drawn from it).  Ties in the
+    stage-2 ranking are broken by instance order (stable sort).
+
+    Parameters
+    ----------
+    C : float              regularisation trade-off (both stages).
+    eta : float or None    stage-2 fraction of positive-bag instances labelled positive.
+    k : int                default candidates: the last ``k`` instances of every bag.
+    c_scaling : {"per_instance", "none"}   stage-3 C scaling (see above).
+    min_pos_ratio : float  stage-2 fallback threshold (reference: 0.05).
+    fallback : {"candidates", "any"}  what the stage-2 fallback labels (see above).
+    max_iter : int         Newton-step budget per stage.
+    tol : float            relative exact-hinge duality gap at which a stage stops.
+    device : str or torch.device or None   where to solve (default: CPU).
+    seed : int             see above.
+    num_threads : int or None  torch CPU threads during ``fit`` (restored after);
+                           None keeps torch's setting.  On a shared, oversubscribed
+                           machine 1 thread can be several times faster than 2
+                           (OpenMP spin-waits on the dense (d+1)^2 algebra).
+
+    Attributes (after ``fit``)
+    --------------------------
+    coef_ ``[d]`` float64 tensor, intercept_ float  -- the stage-3 (final) model;
+    stage1_coef_ ``[d]``, stage1_intercept_          -- the sMIL model;
+    eta_ float (effective), eta_target_ float (used for the cutoff), cutoff_ float,
+    n_selected_ int, fallback_used_ bool, c_effective_ float (stage-3 C_i),
+    fit_info_ dict (timings, iterations, duality gaps, objectives per stage).
+    """
+
+    def __init__(self, C: float = 1.0, eta: float | None = None, k: int = 2,
+                 c_scaling: str = "per_instance", min_pos_ratio: float = 0.05, fallback: str = "candidates",
+                 max_iter: int = 300, tol: float = 1e-6, device=None, seed: int = 0,
+                 num_threads: int | None = None):
+        self.C = C
+        self.eta = eta
+        self.k = k
+        self.c_scaling = c_scaling
+        self.min_pos_ratio = min_pos_ratio
+        self.fallback = fallback
+        self.max_iter = max_iter
+        self.tol = tol
+        self.device = device
+        self.seed = seed
+        self.num_threads = num_threads
+
+    def check_params(self) -> "SAwMIL":
+        """Validate the constructor arguments (called by `fit`; a probe calls it at construction)."""
+        check_choice("c_scaling", self.c_scaling, ("per_instance", "none"))
+        check_choice("fallback", self.fallback, ("candidates", "any"))
+        for name in ("C", "min_pos_ratio", "tol"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ProbeError(f"{name}={value!r}: use a positive number")
+        if self.eta is not None and not 0 <= self.eta <= 1:
+            raise ProbeError(f"eta={self.eta!r}: use a fraction in [0, 1] or null")
+        if int(self.k) < 1 or int(self.max_iter) < 1:
+            raise ProbeError(f"k={self.k!r} / max_iter={self.max_iter!r}: use integers >= 1")
+        return self
+
+    def _device(self, X) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
+
+    # -- fitting -----------------------------------------------------------------
+    def fit(self, X, offsets, y, candidates=None) -> "SAwMIL":
+        """Fit the three stages.
+
+        ``X [T, d]`` float, ``offsets [N+1]`` int64, ``y [N]`` in {0,1} (or {-1,+1}),
+        ``candidates [T]`` bool or None (None: last ``k`` tokens of every bag).
+        """
+        self.check_params()
+        prev_threads = torch.get_num_threads()
+        if self.num_threads:
+            torch.set_num_threads(int(self.num_threads))
+        try:
+            return self._fit(X, offsets, y, candidates)
+        finally:
+            if self.num_threads:
+                torch.set_num_threads(prev_threads)
+
+    def _fit(self, X, offsets, y, candidates) -> "SAwMIL":
+        t_start = time.perf_counter()
+        dev = self._device(X)
+        X = as_tensor(X, torch.float64, dev)
+        if X.dim() != 2:
+            raise ValueError("X must be [T, d]")
+        T, d = X.shape
+        offsets = check_offsets(as_tensor(offsets).to(dev), T)
+        N = offsets.numel() - 1
+        yb = as_tensor(y).to(dev).reshape(-1)
+        if yb.numel() != N:
+            raise ValueError(f"y has {yb.numel()} labels for {N} bags")
+        ypos = yb > 0
+        lengths = offsets[1:] - offsets[:-1]
+        if int(lengths.min()) <= 0:
+            raise ValueError("every bag must hold at least one instance")
+        if not bool(ypos.any()) or bool(ypos.all()):
+            raise ValueError("need both positive and negative bags")
+        if candidates is None:
+            cand = last_k_candidates(offsets, int(self.k))
+        else:
+            cand = as_tensor(candidates).to(dev).reshape(-1).bool()
+            if cand.numel() != T:
+                raise ValueError("candidates must be a [T] boolean mask")
+        bag_idx = bag_index(offsets)                  # [T]
+        inst_pos_bag = ypos[bag_idx]                   # [T] instance belongs to a positive bag
+        L_pos = int(inst_pos_bag.sum())
+        L_neg = T - L_pos
+        N_pos = int(ypos.sum())
+        solver_kw = dict(tol=float(self.tol), max_iter=int(self.max_iter), device=dev)
+
+        # ---------------- stage 1: sMIL ----------------
+        t0 = time.perf_counter()
+        neg_rows = torch.nonzero(~inst_pos_bag, as_tuple=False).reshape(-1)
+        sums = torch.zeros(N, d, dtype=torch.float64, device=dev).index_add_(0, bag_idx, X)
+        pos_bags = torch.nonzero(ypos, as_tuple=False).reshape(-1)
+        pos_len = lengths[pos_bags].to(torch.float64)
+        means = sums[pos_bags] / pos_len[:, None]      # [N_+, d]
+        del sums
+        Z = torch.cat([X.index_select(0, neg_rows), means], 0)   # [L_- + N_+, d]
+        y1 = torch.cat([-torch.ones(L_neg, dtype=torch.float64, device=dev),
+                        torch.ones(N_pos, dtype=torch.float64, device=dev)])
+        c1 = torch.cat([torch.full((L_neg,), float(self.C) / L_neg, dtype=torch.float64, device=dev),
+                        torch.full((N_pos,), float(self.C) / N_pos, dtype=torch.float64, device=dev)])
+        rho1 = torch.cat([torch.ones(L_neg, dtype=torch.float64, device=dev), (2.0 - pos_len) / pos_len])
+        r1 = fit_linear_svm(Z, y1, c1, rho1, **solver_kw)
+        del Z
+        self.stage1_coef_ = r1.coef
+        self.stage1_intercept_ = r1.intercept
+        t1 = time.perf_counter()
+
+        # ---------------- stage 2: relabel positive-bag instances ----------------
+        pos_rows = torch.nonzero(inst_pos_bag, as_tuple=False).reshape(-1)
+        s_pos = (X @ r1.coef + r1.intercept)[pos_rows]                         # [L_+]
+        cand_pos = cand[pos_rows]
+        if self.eta is None:
+            eta_t = float(cand.sum()) / T
+        else:
+            eta_t = float(self.eta)
+        eta_t = min(max(eta_t, 0.0), 1.0)
+        n_sel = int(round(eta_t * L_pos))
+        n_sel = min(L_pos, max(N_pos, n_sel))
+        order = torch.sort(s_pos, descending=True, stable=True).values
+        cutoff = float(order[n_sel - 1])
+        above = s_pos >= cutoff
+        chosen = above & cand_pos
+        n_cand = int(cand_pos.sum())
+        fallback = n_cand < N_pos or float(chosen.sum()) < self.min_pos_ratio * L_pos
+        if fallback and self.fallback == "candidates" and n_cand >= N_pos:
+            # the top-scoring candidates, enough of them: lower the cutoff within the candidates
+            m = min(n_cand, max(N_pos, int(np.ceil(self.min_pos_ratio * L_pos))))
+            cand_scores = torch.where(cand_pos, s_pos, torch.full_like(s_pos, float("-inf")))
+            chosen = cand_pos & (cand_scores >= torch.sort(cand_scores, descending=True, stable=True).values[m - 1])
+        elif fallback:
+            chosen = above
+        y3 = -torch.ones(T, dtype=torch.float64, device=dev)
+        y3[pos_rows[chosen]] = 1.0
+        self.eta_target_ = eta_t
+        self.cutoff_ = cutoff
+        self.n_selected_ = int(chosen.sum())
+        self.eta_ = self.n_selected_ / L_pos
+        self.fallback_used_ = bool(fallback)
+        self.instance_labels_ = y3 > 0                 # [T] bool, stage-3 labels
+        t2 = time.perf_counter()
+
+        # ---------------- stage 3: instance SVM ----------------
+        c3 = float(self.C) / T if self.c_scaling == "per_instance" else float(self.C)
+        self.c_effective_ = c3
+        r3 = fit_linear_svm(X, y3, c3, None, **solver_kw)
+        self.coef_ = r3.coef
+        self.intercept_ = r3.intercept
+        t3 = time.perf_counter()
+        self.n_features_in_ = d
+        self.fit_info_ = dict(
+            n_bags=N, n_instances=T, n_pos_bags=N_pos, L_pos=L_pos, L_neg=L_neg,
+            stage1=dict(objective=r1.objective, duality_gap=r1.duality_gap, n_iter=r1.n_iter,
+                        converged=r1.converged, seconds=t1 - t0, history=r1.info["history"]),
+            stage2=dict(seconds=t2 - t1),
+            stage3=dict(objective=r3.objective, duality_gap=r3.duality_gap, n_iter=r3.n_iter,
+                        converged=r3.converged, seconds=t3 - t2, history=r3.info["history"]),
+            seconds=t3 - t_start,
+        )
+        return self
+
+    # -- inference -----------------------------------------------------------------
+    def _check_fitted(self):
+        if getattr(self, "coef_", None) is None:
+            raise RuntimeError("SAwMIL is not fitted")
+
+    def instance_decision_function(self, X) -> torch.Tensor:
+        """Instance scores ``w.x + b`` ``[T]`` (float64 tensor on ``X``'s device)."""
+        self._check_fitted()
+        Xt = as_tensor(X)
+        w = self.coef_.to(Xt.device)
+        return matvec(Xt, w) + self.intercept_
+
+    def decision_function(self, X, offsets):
+        """Bag scores ``max_{x in B} w.x + b`` ``[N]`` (segment-wise max, no Python loop).
+
+        Returns a float64 torch tensor if ``X`` is a tensor, else a numpy array.
+        Empty bags score ``intercept_`` (as in the ``sawmil`` package).
+        """
+        s = self.instance_decision_function(X)
+        off = as_tensor(offsets).to(s.device)
+        check_offsets(off, s.numel())
+        out = segment_max(s, off, empty=self.intercept_)
+        return out if isinstance(X, torch.Tensor) else out.cpu().numpy()
+
+    def predict(self, X, offsets):
+        """Bag labels in {0,1} (score >= 0)."""
+        s = self.decision_function(X, offsets)
+        return (s >= 0).long() if isinstance(s, torch.Tensor) else (s >= 0).astype(np.int64)
+
+    def objective(self, X, y_inst, C, coef=None, intercept=None) -> float:
+        """Stage-3 objective ``0.5||w||^2 + sum_i C_i max(0, 1 - y_i (w.x_i + b))``.
+
+        ``X [n, d]``, ``y_inst [n]`` in {0,1} or {-1,+1}, ``C`` scalar or ``[n]`` used
+        as given (no scaling).  ``coef``/``intercept`` default to the fitted model.
+        """
+        if coef is None:
+            self._check_fitted()
+            coef, intercept = self.coef_, self.intercept_
+        return hinge_objective(X, y_inst, C, coef, 0.0 if intercept is None else intercept)

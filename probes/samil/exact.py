@@ -1,0 +1,255 @@
+"""Exact hinge-SVM solutions from a smoothed optimum (steps 2 and 3 of `fit_linear_svm`): the
+active-set KKT polish and the interior-point fallback on a working set of examples.
+
+Problem: ``min_{w,b} 0.5 ||w||^2 + sum_i c_i max(0, rho_i - y_i (w . x_i + b))`` with ``X [n, d]``,
+``y [n]`` in {-1, +1}, ``c [n]``, ``rho [n]``; ``u = rho - y (X w + b)`` are the hinge arguments.
+"""
+from __future__ import annotations
+
+import torch
+
+IPM_FULL_N = 4096    # interior point on all examples up to this many
+
+
+def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60,
+            move_frac: float = 0.25):
+    """Exact hinge-SVM KKT solve on the partition suggested by a smoothed optimum.
+
+    Partition: ``Z = {u <= 0}`` (alpha = 0), ``F = {0 < u < mu}`` (on the margin),
+    ``B = {u >= mu}`` (alpha = c); if ``|F| > d+1`` (generically at most ``d+1``
+    examples lie exactly on the margin) only the ``0.9 (d+1)`` most interior
+    ones (``u/mu`` closest to 1/2) start in ``F``.  With ``beta_i = alpha_i y_i`` on ``F``::
+
+        w = g_B + X_F^T beta,   g_B = sum_B c_i y_i x_i
+        [ X_F X_F^T  1 ] [beta]   [ rho_F * y_F - X_F g_B ]
+        [ 1^T        0 ] [ b  ] = [ -sum_B c_i y_i        ]
+
+    then damped primal-dual active-set corrections: ``F`` members whose
+    ``alpha`` leaves ``[0, c]`` go to ``Z``/``B``; ``Z``/``B`` members on the wrong
+    side of the margin join ``F`` (at most ``move_frac * |F|`` per round, largest
+    violations first).  Rounds only look at a working set (``-working_set < u <
+    mu + working_set``, ``g_B`` is updated incrementally); a full pass confirms
+    the remaining examples.  Returns ``(w [d], b, alpha [n], rounds)`` or None.
+    """
+    n, d = X.shape
+    Z = u <= 0
+    F = (u > 0) & (u < mu)
+    B = ~Z & ~F
+    kmax = int(0.9 * (d + 1))
+    if int(F.sum()) > kmax:
+        score = torch.where(F, (u / mu - 0.5).abs(), torch.full_like(u, 9.0))
+        keep = torch.zeros_like(F)
+        keep[torch.topk(-score, kmax).indices] = True
+        drop = F & ~keep
+        Z |= drop & (u < 0.5 * mu)
+        B |= drop & (u >= 0.5 * mu)
+        F = keep
+    cy = c * y
+    cyB = torch.where(B, cy, torch.zeros_like(cy))
+    g_B = X.T @ cyB                                   # [d]   sum_B c_i y_i x_i
+    sB = float(cyB.sum())
+    eps_a = 1e-9 * float(c.max())
+    eps_u = 1e-9 * max(1.0, float(rho.abs().max()))
+    ws = ((u > -working_set) & (u < mu + working_set)) | F if working_set > 0 else torch.ones_like(F)
+    rounds = 0
+    while rounds < max_rounds:
+        w_idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
+        Xw = X if w_idx.numel() == n else X.index_select(0, w_idx)
+        yw, cw, rw = y[w_idx], c[w_idx], rho[w_idx]
+        cyw = cw * yw
+        Fw, Zw, Bw = F[w_idx], Z[w_idx], B[w_idx]
+        ok = False
+        while rounds < max_rounds:
+            rounds += 1
+            f_loc = torch.nonzero(Fw, as_tuple=False).reshape(-1)
+            m = f_loc.numel()
+            if m == 0 or m > d + 1:
+                return None
+            XF = Xw.index_select(0, f_loc)
+            yF = yw[f_loc]
+            A = torch.zeros(m + 1, m + 1, dtype=X.dtype, device=X.device)
+            A[:m, :m] = XF @ XF.T
+            A[:m, m] = 1.0
+            A[m, :m] = 1.0
+            r = torch.cat([rw[f_loc] * yF - XF @ g_B, torch.tensor([-sB], dtype=X.dtype, device=X.device)])
+            sol, info = torch.linalg.solve_ex(A, r[:, None])
+            if int(info) != 0 or not bool(torch.isfinite(sol).all()):
+                sol = torch.linalg.pinv(A, hermitian=True) @ r[:, None]
+            sol = sol.reshape(-1)
+            beta, b = sol[:m], float(sol[m])
+            w = g_B + XF.T @ beta
+            lam = beta * yF                                           # alpha on F
+            uw = rw - yw * (Xw @ w + b)
+            cF = cw[f_loc]
+            lam_neg = lam < -eps_a
+            lam_big = lam > cF + eps_a
+            viol = torch.where(Zw, torch.clamp(uw, min=0.0), torch.zeros_like(uw)) \
+                + torch.where(Bw, torch.clamp(-uw, min=0.0), torch.zeros_like(uw))
+            add = viol > eps_u
+            if not (bool(lam_neg.any()) or bool(lam_big.any()) or bool(add.any())):
+                ok = True
+                break
+            # damped primal-dual active-set update
+            n_add = int(add.sum())
+            k = max(1, int(move_frac * max(m, 10)))
+            if n_add > k:
+                add = torch.zeros_like(add)
+                add[torch.topk(viol, k).indices] = True
+            to_b = f_loc[lam_big]
+            out_b = torch.nonzero(add & Bw, as_tuple=False).reshape(-1)
+            Fw[f_loc[lam_neg]] = False
+            Zw[f_loc[lam_neg]] = True
+            Fw[to_b] = False
+            Bw[to_b] = True
+            Fw |= add
+            Zw &= ~add
+            Bw &= ~add
+            if to_b.numel() or out_b.numel():
+                g_B = g_B + Xw[to_b].T @ cyw[to_b] - Xw[out_b].T @ cyw[out_b]
+                sB += float(cyw[to_b].sum() - cyw[out_b].sum())
+        F[w_idx], Z[w_idx], B[w_idx] = Fw, Zw, Bw
+        if not ok:
+            return None
+        # confirm the examples outside the working set with one full pass
+        u_all = rho - y * (X @ w + b)
+        bad = ~ws & ((Z & (u_all > eps_u)) | (B & (u_all < -eps_u)))
+        if not bool(bad.any()):
+            a = torch.where(B, c, torch.zeros_like(c))
+            a[w_idx[f_loc]] = torch.minimum(torch.clamp(lam, min=0.0), cF)
+            return w, b, a, rounds
+        ws = ws | bad
+    return None
+
+
+def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int = 60):
+    """Primal-dual interior point method (Mehrotra predictor-corrector) for::
+
+        min_{w,b,xi} 0.5||w||^2 - g_w.w - g_b b + sum_i c_i xi_i
+        s.t. y_i (w.x_i + b) + xi_i >= rho_i,  xi_i >= 0
+
+    (``g_far = [g_w, g_b]``: the linear term of examples held at ``alpha = c``
+    outside the working set).  Each step solves the ``(d+1)``-sized normal system
+    ``[[I + X^T D X, X^T D 1], [1^T D X, sum D]]`` (Ferris & Munson 2002), cost
+    ``O(n d^2)``.  Returns ``(w, b, alpha [n], iterations)``.
+    """
+    n, d = X.shape
+    dt, dev = X.dtype, X.device
+    X32 = X.to(torch.float32) if n * d >= 2**20 else None
+    gw, gb = g_far[:d], float(g_far[d])
+    f = X @ w + b
+    u = rho - y * f
+    xi = torch.clamp(u, min=0.0) + 1.0                 # interior start, consistent with (w, b)
+    r = torch.clamp(-u, min=0.0) + 1.0                 # slack of the margin constraint
+    a = c / 2                                          # multiplier of the margin constraint
+    s = c / 2                                          # multiplier of xi >= 0
+    eye_d = torch.eye(d, dtype=dt, device=dev)
+    it = 0
+    for it in range(1, max_iter + 1):
+        ay = a * y
+        R1 = w - gw - X.T @ ay
+        R2 = -gb - float(ay.sum())
+        R3 = c - a - s
+        R4 = y * f + xi - rho - r
+        comp = float(a @ r + s @ xi)
+        mu = comp / (2 * n)
+        res = max(float(R1.abs().max()) / (1.0 + float(w.abs().max()) + float(gw.abs().max())),
+                  abs(R2) / (1.0 + abs(gb) + float(c.sum())),
+                  float(R3.abs().max()) / (1.0 + float(c.max())),
+                  float(R4.abs().max()) / (1.0 + float(rho.abs().max())))
+        if comp <= gap_target and res <= 1e-10:
+            break
+        D = 1.0 / (xi / s + r / a)
+        # early iterations only need a rough direction: float32 normal matrix while
+        # the complementarity is far from the target (D is mildly spread there)
+        hd = torch.float32 if (X32 is not None and comp > 1e4 * gap_target and
+                               float(D.max()) <= 1e6 * float(D.min())) else dt
+        Xh = X32 if hd == torch.float32 else X
+        XD = Xh * D.to(hd)[:, None]
+        M = torch.empty(d + 1, d + 1, dtype=dt, device=dev)
+        M[:d, :d] = (Xh.T @ XD).to(dt) + eye_d
+        col = XD.sum(0).to(dt)
+        M[:d, d] = col
+        M[d, :d] = col
+        M[d, d] = D.sum() * (1.0 + 1e-14)
+        del XD
+        L, info = torch.linalg.cholesky_ex(M)
+        if int(info) != 0:
+            L, info = torch.linalg.cholesky_ex(M + 1e-10 * float(torch.diagonal(M).max()) * torch.eye(d + 1, dtype=dt, device=dev))
+            if int(info) != 0:
+                break
+
+        def direction(R5a, R5b):
+            q = -R4 - (R5b - xi * R3) / s + R5a / a
+            Dq = D * q
+            rhs = torch.cat([-R1 + X.T @ (y * Dq), (y @ Dq - R2).reshape(1)])
+            sol = torch.cholesky_solve(rhs[:, None], L).reshape(-1)
+            dw, db = sol[:d], float(sol[d])
+            dfx = X @ dw + db
+            da = D * (q - y * dfx)
+            dr = (R5a - r * da) / a
+            ds = R3 - da
+            dxi = (R5b - xi * ds) / s
+            return dw, db, dfx, da, dr, ds, dxi
+
+        def step_to_boundary(*pairs):
+            st = 1.0
+            for v, dv in pairs:
+                neg = dv < 0
+                if bool(neg.any()):
+                    st = min(st, float((-v[neg] / dv[neg]).min()))
+            return st
+
+        dw, db, dfx, da, dr, ds, dxi = direction(-a * r, -s * xi)          # predictor
+        st = step_to_boundary((a, da), (s, ds), (r, dr), (xi, dxi))
+        mu_aff = float((a + st * da) @ (r + st * dr) + (s + st * ds) @ (xi + st * dxi)) / (2 * n)
+        sigma = min(1.0, (mu_aff / mu) ** 3)
+        dw, db, dfx, da, dr, ds, dxi = direction(sigma * mu - a * r - da * dr,   # corrector
+                                                 sigma * mu - s * xi - ds * dxi)
+        st = min(1.0, 0.99 * step_to_boundary((a, da), (s, ds), (r, dr), (xi, dxi)))
+        w, b, f = w + st * dw, b + st * db, f + st * dfx
+        a, s, r, xi = a + st * da, s + st * ds, r + st * dr, xi + st * dxi
+    return w, float(b), torch.minimum(torch.clamp(a, min=0.0), c), it
+
+
+def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max_rounds: int = 4):
+    """Interior point on the examples nearest the margin, the others held fixed.
+
+    The working set is the ``K = max(2 (d+1), 3 |band|)`` examples with ``u``
+    closest to the band ``(0, mu)`` (all examples if that is most of them); the
+    others keep ``alpha = c`` (``u >= mu/2``) or ``alpha = 0``.  A full pass checks
+    them; violators join the set and the IPM reruns (at most ``max_rounds``).
+    Returns ``(w, b, alpha [n], iterations, |set|)`` or None.
+    """
+    n, d = X.shape
+    band_n = int(((u > 0) & (u < mu)).sum())
+    K = min(n, max(2 * (d + 1), 3 * band_n))
+    if n <= IPM_FULL_N and K > 0.6 * n:
+        ws = torch.ones(n, dtype=torch.bool, device=X.device)
+    else:
+        ws = torch.zeros(n, dtype=torch.bool, device=X.device)
+        ws[torch.topk(-(u - 0.5 * mu).abs(), K).indices] = True
+    at_c = ~ws & (u >= 0.5 * mu)
+    its = 0
+    for _ in range(max_rounds):
+        cy_far = torch.where(at_c & ~ws, c * y, torch.zeros_like(c))
+        g_far = torch.cat([X.T @ cy_far, cy_far.sum().reshape(1)])
+        idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
+        w_i, b_i, a_w, k = interior_point(X.index_select(0, idx), y[idx], c[idx], rho[idx], g_far, w, b,
+                                0.1 * gap_target)
+        its += k
+        u_all = rho - y * (X @ w_i + b_i)
+        bad = ~ws & ((at_c & (u_all < 0)) | (~at_c & (u_all > 0)))
+        if not bool(bad.any()):
+            a = torch.where(at_c & ~ws, c, torch.zeros_like(c))
+            a[idx] = a_w
+            return w_i, b_i, a, its, int(ws.sum())
+        # grow the set: the violators plus the outside examples now nearest the margin
+        # (+20 %), so that a rerun rarely finds new violators
+        ws |= bad
+        extra = int(0.2 * int(ws.sum()))
+        if extra > 0:
+            dist = torch.where(ws, torch.full_like(u_all, float("inf")), u_all.abs())
+            k = min(extra, int((~ws).sum()))
+            if k > 0:
+                ws[torch.topk(-dist, k).indices] = True
+    return None
