@@ -53,6 +53,11 @@ Definitions
 ``wmcc_ci``            ``[lo, hi]`` bootstrap interval of ``wmcc``
 ``ci_level``           confidence level of the intervals (0.95)
 ``n_boot``, ``seed``   bootstrap settings
+``bootstrap``          ``iid`` (statements resampled) or ``cluster`` (whole groups resampled), ``n_groups``
+``aurc``, ``eaurc``    area under the risk-coverage curve of the plain prediction, its excess over the optimum
+``selective_accuracy`` accuracy of the most confident 50 / 80 / 90 % (keys "0.5", "0.8", "0.9")
+``confidence_auroc``   AUROC of the max probability for separating correct from wrong predictions
+``risk_coverage``      the curve: ``{"coverage": [...], "risk": [...]}`` (one point per confidence level)
 =====================  ======================================================
 """
 
@@ -61,6 +66,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from evaluation.selective import selective_metrics
+from extract.errors import ToolkitError
 
 __all__ = [
     "ABSTAIN",
@@ -287,7 +295,7 @@ def _joint_counts(y_true, y_pred, n_classes: int) -> np.ndarray:
 
 
 def bootstrap_ci(y_true, y_pred, n_classes: int | None = None, n_boot: int = 1000,
-                 seed: int = 0, level: float = 0.95) -> dict:
+                 seed: int = 0, level: float = 0.95, groups=None) -> dict:
     """Percentile bootstrap intervals for MCC (on accepted) and W-MCC.
 
     y_true: int [N] in [0, K); y_pred: int [N] in [0, K) or -1 (abstained).
@@ -297,6 +305,10 @@ def bootstrap_ci(y_true, y_pred, n_classes: int | None = None, n_boot: int = 100
     multinomial distribution with the observed cell frequencies, which has
     exactly the distribution of the table of N statements drawn with
     replacement (1000 resamples cost microseconds, whatever N).
+
+    groups: int [N] or None. Given, the resampling unit is the group (cluster bootstrap: whole
+    groups, e.g. all statements about one city, drawn with replacement); each resample's table is
+    the sum of the drawn groups' tables.
 
     Returns {"mcc": (lo, hi), "wmcc": (lo, hi)}; (0.0, 0.0) if N = 0.
     """
@@ -308,16 +320,34 @@ def bootstrap_ci(y_true, y_pred, n_classes: int | None = None, n_boot: int = 100
     if n_classes is None:
         n_classes = int(max(yt.max(), yp.max())) + 1
     k = n_classes
-    counts = _joint_counts(yt, yp, k)
     rng = np.random.default_rng(seed)
-    tables = rng.multinomial(n, counts.ravel() / n, size=n_boot).reshape(n_boot, k, k + 1)
+    if groups is None:
+        counts = _joint_counts(yt, yp, k)
+        tables = rng.multinomial(n, counts.ravel() / n, size=n_boot).reshape(n_boot, k, k + 1)
+    else:
+        _, g = np.unique(np.asarray(groups).ravel(), return_inverse=True)
+        if g.size != n:
+            raise ValueError(f"groups has {g.size} entries for {n} statements")
+        n_groups = int(g.max()) + 1
+        w = k + 1
+        per_group = np.bincount(g * k * w + yt * w + np.where(yp == ABSTAIN, k, yp),
+                                minlength=n_groups * k * w).reshape(n_groups, k * w)
+        draws = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot)   # [B, G]
+        tables = (draws @ per_group).reshape(n_boot, k, w)
     m = mcc_from_confusion(tables[:, :, :k])
-    acc = tables[:, :, :k].sum(axis=(1, 2)) / n
+    acc = tables[:, :, :k].sum(axis=(1, 2)) / np.maximum(tables.sum(axis=(1, 2)), 1)
     w = m * acc
     q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
     lo_m, hi_m = np.percentile(m, q)
     lo_w, hi_w = np.percentile(w, q)
     return {"mcc": (float(lo_m), float(hi_m)), "wmcc": (float(lo_w), float(hi_w))}
+
+
+def resampling_groups(bootstrap: str, groups):
+    """`groups` for bootstrap="cluster" (resample whole groups), None for "iid"; else a one-line error."""
+    if bootstrap not in ("cluster", "iid"):
+        raise ToolkitError(f"bootstrap={bootstrap!r}: use cluster (resample subject entities) or iid (statements)")
+    return None if bootstrap == "iid" else np.asarray(groups)
 
 
 # ------------------------------------------------------------------ entry point
@@ -332,7 +362,7 @@ def _json(x):
 
 
 def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
-             n_boot: int = 1000, level: float = 0.95) -> dict:
+             n_boot: int = 1000, level: float = 0.95, groups=None) -> dict:
     """All metrics of one probe on one evaluation split (keys: module docstring).
 
     y_true: int [N] in [0, K).
@@ -341,6 +371,10 @@ def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
     scores_or_probs: [N] probability of the positive class (binary) or
         [N, K] class probabilities.
     sets: optional bool [N, K] conformal prediction sets.
+    groups: optional int [N] (e.g. subject entity): bootstrap intervals resample whole groups
+        (cluster bootstrap) instead of statements; `bootstrap` says which was used.
+    Selective prediction of the plain prediction (evaluation.selective): aurc, eaurc,
+    selective_accuracy, confidence_auroc and the risk_coverage curve.
     Returns a dict of plain floats / ints / lists / None.
     """
     yt = np.asarray(y_true, dtype=np.int64).ravel()
@@ -357,8 +391,8 @@ def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
     if yp.size and (yp.min() < ABSTAIN or yp.max() >= k):
         raise ValueError(f"y_pred must be in [0, {k}) or -1, got {np.unique(yp).tolist()}")
 
-    ci = bootstrap_ci(yt, yp, k, n_boot=n_boot, seed=seed, level=level)
-    ci_all = bootstrap_ci(yt, plain, k, n_boot=n_boot, seed=seed, level=level)
+    ci = bootstrap_ci(yt, yp, k, n_boot=n_boot, seed=seed, level=level, groups=groups)
+    ci_all = bootstrap_ci(yt, plain, k, n_boot=n_boot, seed=seed, level=level, groups=groups)
     out = {
         "n": int(yt.size),
         "n_classes": int(k),
@@ -379,7 +413,10 @@ def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
         "wmcc_ci": _json(ci["wmcc"]),
         "ci_level": float(level),
         "n_boot": int(n_boot),
+        "bootstrap": "iid" if groups is None else "cluster",
+        "n_groups": None if groups is None else int(len(np.unique(groups))),
         "seed": int(seed),
+        **selective_metrics(yt, probs),
     }
     if sets is not None:
         s = np.asarray(sets, dtype=bool)

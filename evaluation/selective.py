@@ -31,6 +31,7 @@ __all__ = [
     "confidence_auroc",
     "selective_metrics",
     "cluster_bootstrap_indices",
+    "paired_bootstrap",
     "paired_bootstrap_diff",
     "mcnemar_exact",
 ]
@@ -212,27 +213,19 @@ def cluster_bootstrap_indices(groups, n_boot: int, rng, n: int | None = None) ->
         yield order[pos]
 
 
-def paired_bootstrap_diff(y_true, pred_a, pred_b, metric_fn: Callable, groups=None,
-                          n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
-    """Paired bootstrap of metric_fn(y, pred_a) - metric_fn(y, pred_b).
+def paired_bootstrap(difference: Callable[[np.ndarray], float], n: int, groups=None,
+                     n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """Paired bootstrap of a difference between two predictors scored on the same n rows.
 
-    y_true, pred_a, pred_b: int [n] (predictions may be -1 = abstain);
-    metric_fn(y, pred) -> float. Both predictors are scored on the same
-    resampled rows (or whole groups, see :func:`cluster_bootstrap_indices`).
-    Returns {"diff": observed difference, "ci": [lo, hi] percentile interval
-    at ``level``, "p_value": two-sided, 2 * min(P*(d <= 0), P*(d >= 0)) capped
-    at 1 (the level at which the percentile interval starts to exclude 0),
-    "n_boot": resamples with a defined (non-NaN) difference, "level"}.
+    difference(rows int [m]) -> float: the difference computed on those rows (a resample); rows are
+    resampled with replacement, or whole groups (see :func:`cluster_bootstrap_indices`).
+    Returns {"diff": on all rows, "ci": [lo, hi] percentile interval at ``level``, "p_value":
+    two-sided, 2 * min(P*(d <= 0), P*(d >= 0)) capped at 1 (the level at which the percentile
+    interval starts to exclude 0), "n_boot": resamples with a defined (non-NaN) difference, "level"}.
     """
-    y = np.asarray(y_true, dtype=np.int64).ravel()
-    a = np.asarray(pred_a, dtype=np.int64).ravel()
-    b = np.asarray(pred_b, dtype=np.int64).ravel()
-    if not (y.size == a.size == b.size):
-        raise ValueError(f"lengths differ: y_true {y.size}, pred_a {a.size}, pred_b {b.size}")
-    diff = float(metric_fn(y, a)) - float(metric_fn(y, b))
+    diff = float(difference(np.arange(n)))
     rng = np.random.default_rng(seed)
-    d = np.array([float(metric_fn(y[i], a[i])) - float(metric_fn(y[i], b[i]))
-                  for i in cluster_bootstrap_indices(groups, n_boot, rng, n=y.size)])
+    d = np.array([float(difference(i)) for i in cluster_bootstrap_indices(groups, n_boot, rng, n=n)])
     d = d[~np.isnan(d)]
     if d.size == 0:
         return {"diff": diff, "ci": [float("nan")] * 2, "p_value": float("nan"),
@@ -241,6 +234,21 @@ def paired_bootstrap_diff(y_true, pred_a, pred_b, metric_fn: Callable, groups=No
     p = min(1.0, 2.0 * min(np.mean(d <= 0), np.mean(d >= 0)))
     return {"diff": diff, "ci": [float(lo), float(hi)], "p_value": float(p),
             "n_boot": int(d.size), "level": float(level)}
+
+
+def paired_bootstrap_diff(y_true, pred_a, pred_b, metric_fn: Callable, groups=None,
+                          n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """:func:`paired_bootstrap` of metric_fn(y, pred_a) - metric_fn(y, pred_b).
+
+    y_true, pred_a, pred_b: int [n] (predictions may be -1 = abstain); metric_fn(y, pred) -> float.
+    """
+    y = np.asarray(y_true, dtype=np.int64).ravel()
+    a = np.asarray(pred_a, dtype=np.int64).ravel()
+    b = np.asarray(pred_b, dtype=np.int64).ravel()
+    if not (y.size == a.size == b.size):
+        raise ValueError(f"lengths differ: y_true {y.size}, pred_a {a.size}, pred_b {b.size}")
+    return paired_bootstrap(lambda i: float(metric_fn(y[i], a[i])) - float(metric_fn(y[i], b[i])), y.size,
+                            groups, n_boot, seed, level)
 
 
 def mcnemar_exact(y_true, pred_a, pred_b) -> dict:

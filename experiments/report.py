@@ -9,7 +9,15 @@ Reads every cell under <results_dir>/<model>/<datapack>/ and writes to <reports_
                             (never chosen on test) and its test metrics
     mcc_by_layer.png        MCC and W-MCC against layer (top) and relative depth (bottom), one panel per
                             task, one line per probe, zero-shot as horizontal lines
-    reliability.png         reliability diagram (test split) of the best probe of the first task
+    reliability.png         reliability diagram (test split) of every probe at its best layer, first task, with ECE
+    risk_coverage.png       risk-coverage curves of every probe at its best layer (and zero-shot), one panel per task
+    aurc_by_layer.png       AURC (lower is better) against layer, one panel per task
+
+The best-layer table also says whether the best probe of each task (by calibration MCC) is
+significantly better than the runner-up on test: paired bootstrap of the MCC difference (whole
+subject entities resampled), McNemar on the statements both accept (experiments/compare.py).
+With several seeds (same split_seed), `<metric>_seed_sd` is the probe's seed-to-seed spread,
+apart from the sampling interval `<metric>_boot_lo/_hi` (mean of the seeds' bootstrap bounds).
 """
 from __future__ import annotations
 
@@ -22,11 +30,12 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.cells import CellError, read_cell
-from evaluation.metrics import as_probs
+from experiments import plots
+from experiments.compare import compare_cells
 from extract.errors import check_name, run_entry
 
 log = logging.getLogger(__name__)
-METRICS = ("mcc", "wmcc", "acceptance")
+METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
 
 
 def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
@@ -41,7 +50,7 @@ def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
                      "split": cell["split"]["kind"], "layer": cell["layer"], "seed": config["seed"],
                      "n_layers": cell.get("store", {}).get("n_layers"),
                      "cal_mcc": cell.get("calibration_metrics", {}).get("mcc_all"),
-                     **{k: m[k] for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
+                     **{k: m.get(k) for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
                      "path": str(path)})
     if not rows:
         raise CellError(f"no result cells under {root}: run `python -m train_probe` first")
@@ -57,12 +66,16 @@ def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(["probe", "task", "split", "layer"], key), n_seeds=len(g), n_layers=g["n_layers"].iloc[0],
                    cal_mcc=g["cal_mcc"].mean())
         for k in METRICS:
-            row[k] = g[k].mean()
+            row[k] = pd.to_numeric(g[k]).mean()
+            if k in ("mcc", "wmcc"):
+                bounds = np.array([ci for ci in g[f"{k}_ci"] if ci is not None], dtype=float).reshape(-1, 2)
+                row[f"{k}_boot_lo"], row[f"{k}_boot_hi"] = bounds.mean(0) if len(bounds) else (np.nan, np.nan)
             if len(g) > 1:
                 sd = g[k].std(ddof=1)
+                row[f"{k}_seed_sd"] = sd
                 row[f"{k}_lo"], row[f"{k}_hi"] = row[k] - sd, row[k] + sd
             elif k in ("mcc", "wmcc"):
-                row[f"{k}_lo"], row[f"{k}_hi"] = g[f"{k}_ci"].iloc[0]
+                row[f"{k}_lo"], row[f"{k}_hi"] = row[f"{k}_boot_lo"], row[f"{k}_boot_hi"]
         out.append(row)
     table = pd.DataFrame(out)
     table["layer"] = table["layer"].astype("Int64")
@@ -76,6 +89,31 @@ def best_layers(table: pd.DataFrame) -> pd.DataFrame:
     return probes.loc[idx].reset_index(drop=True)
 
 
+def cell_of(cells: pd.DataFrame, row: pd.Series) -> dict:
+    """The first seed's cell of a (probe, task, split, layer) row."""
+    keys = ["probe", "task", "split", "layer"]
+    match = cells[(cells[keys[:3]] == row[keys[:3]]).all(axis=1) & (cells["layer"] == row["layer"])]
+    return read_cell(Path(match.sort_values("seed")["path"].iloc[0]))
+
+
+def best_vs_runner_up(cells: pd.DataFrame, best: pd.DataFrame, n_boot: int = 500) -> pd.DataFrame:
+    """Per (task, split): the best probe (calibration MCC at its best layer) against the runner-up on
+    test: MCC difference with its paired bootstrap interval, and McNemar's p on both-accepted rows."""
+    out = []
+    for (task, split), g in best.groupby(["task", "split"]):
+        if len(g) < 2:
+            continue
+        first, second = (r for _, r in g.sort_values("cal_mcc", ascending=False).head(2).iterrows())
+        result = compare_cells(cell_of(cells, first), cell_of(cells, second), n_boot=n_boot)
+        out.append({"task": task, "split": split, "best": f"{first['probe']} (layer {int(first['layer'])})",
+                    "runner_up": f"{second['probe']} (layer {int(second['layer'])})",
+                    "delta_mcc": result["mcc"]["diff"], "delta_mcc_lo": result["mcc"]["ci"][0],
+                    "delta_mcc_hi": result["mcc"]["ci"][1], "p_bootstrap": result["mcc"]["p_value"],
+                    "p_mcnemar": result["mcnemar"]["p_value"], "bootstrap": result["bootstrap"],
+                    "significant": bool(result["mcc"]["ci"][0] > 0)})
+    return pd.DataFrame(out)
+
+
 def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str) -> Path:
     cells = load_cells(results_dir, model, datapack)
     table = layer_table(cells)
@@ -84,12 +122,20 @@ def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "layers.csv", index=False)
     best.to_csv(out / "best.csv", index=False)
+    versus = best_vs_runner_up(cells, best)
+    versus.to_csv(out / "best_vs_runner_up.csv", index=False)
     (out / "layers.md").write_text(_markdown(table))
-    (out / "best.md").write_text(_markdown(best))
-    _plot_layers(table, out / "mcc_by_layer.png", f"{model} / {datapack}")
+    (out / "best.md").write_text(_markdown(best) + "\n" + _versus_markdown(versus))
+    title = f"{model} / {datapack}"
+    plots.metric_by_layer(table, out / "mcc_by_layer.png", title)
+    plots.metric_by_layer(table, out / "aurc_by_layer.png", title, metrics=("aurc",))
     if len(best):
-        top = best.sort_values(["task", "cal_mcc"], ascending=[True, False]).iloc[0]
-        _plot_reliability(cells, top, out / "reliability.png")
+        chosen = {(r["probe"], r["task"]): cell_of(cells, r) for _, r in best.iterrows()}
+        behaviour = {(r["probe"], r["task"]): cell_of(cells, r) for _, r in table[table["layer"].isna()].iterrows()}
+        plots.risk_coverage(chosen, behaviour, out / "risk_coverage.png", title)
+        first_task = sorted(best["task"])[0]
+        plots.reliability({p: c for (p, t), c in chosen.items() if t == first_task}, out / "reliability.png",
+                          f"{title}: {first_task}")
     log.info("report written to %s (%d cells)", out, len(cells))
     return out
 
@@ -109,73 +155,14 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot_layers(table: pd.DataFrame, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = sorted(table["task"].unique())
-    colours = {probe: f"C{i}" for i, probe in enumerate(sorted(table.loc[table["layer"].notna(), "probe"].unique()))}
-    fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 7), squeeze=False, sharey=True)
-    for col, task in enumerate(tasks):
-        sub = table[table["task"] == task]
-        for row, relative in enumerate((False, True)):
-            ax = axes[row, col]
-            for probe, g in sub[sub["layer"].notna()].groupby("probe"):
-                g, c = g.sort_values("layer"), colours[probe]
-                layer = g["layer"].astype(float)
-                x = layer / g["n_layers"].astype(float) if relative else layer
-                ax.plot(x, g["mcc"], "o-", markersize=3, color=c, label=f"{probe} MCC")
-                ax.plot(x, g["wmcc"], "s--", markersize=3, color=c, label=f"{probe} W-MCC")
-                if "mcc_lo" in g:
-                    ax.fill_between(x, g["mcc_lo"], g["mcc_hi"], color=c, alpha=0.12, linewidth=0)
-            for _, z in sub[sub["layer"].isna()].iterrows():
-                ax.axhline(z["mcc"], color="k", linestyle=":", linewidth=1, label=f"{z['probe']} MCC")
-            ax.set_xlabel("relative depth (layer / L)" if relative else "layer")
-            ax.set_title(task if row == 0 else "")
-            ax.grid(alpha=0.3)
-        axes[0, col].set_ylabel("MCC / W-MCC") if col == 0 else None
-    labels = {}
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            labels.setdefault(label, handle)
-    fig.legend(labels.values(), labels.keys(), fontsize=8, loc="lower center", ncol=min(len(labels), 6))
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_reliability(cells: pd.DataFrame, best: pd.Series, path: Path, n_bins: int = 10) -> None:
-    """Top-label confidence against accuracy on the test split, pooled over the seeds of the best cell."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = ["probe", "task", "split", "layer"]
-    chosen = cells[(cells[keys] == best[keys]).all(axis=1)]
-    conf, correct = [], []
-    for p in chosen["path"]:
-        test = read_cell(Path(p))["test"]
-        probs = as_probs(np.asarray(test["probs"]))
-        conf.append(probs.max(1))
-        correct.append(probs.argmax(1) == np.asarray(test["y"]))
-    conf, correct = np.concatenate(conf), np.concatenate(correct)
-    bins = np.clip(np.ceil(conf * n_bins).astype(int) - 1, 0, n_bins - 1)
-    centres = (np.arange(n_bins) + 0.5) / n_bins
-    filled = np.bincount(bins, minlength=n_bins) > 0
-    accuracy = np.bincount(bins, weights=correct, minlength=n_bins)[filled] / np.bincount(bins, minlength=n_bins)[filled]
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
-    ax.plot([0, 1], [0, 1], "k:", linewidth=1)
-    ax.bar(centres[filled], accuracy, width=1 / n_bins, edgecolor="k", alpha=0.6)
-    ax.set_xlabel("confidence (top label)")
-    ax.set_ylabel("accuracy")
-    ax.set_title(f"{best['probe']} {best['task']} layer {int(best['layer'])}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _versus_markdown(versus: pd.DataFrame) -> str:
+    lines = ["| task | split | best | runner-up | MCC difference | p (bootstrap) | p (McNemar) | significant |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in versus.iterrows():
+        lines.append(f"| {r['task']} | {r['split']} | {r['best']} | {r['runner_up']} | {r['delta_mcc']:+.3f} "
+                     f"[{r['delta_mcc_lo']:+.3f}, {r['delta_mcc_hi']:+.3f}] | {r['p_bootstrap']:.3f} | "
+                     f"{r['p_mcnemar']:.3g} | {'yes' if r['significant'] else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def report(cfg: DictConfig) -> Path:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from evaluation.calibration import ScoreMap
 from evaluation.cells import cell_path, write_cell
 from evaluation.conformal import ConformalClassifier, prediction
-from evaluation.metrics import auroc, evaluate, mcc, plain_prediction
+from evaluation.metrics import auroc, evaluate, mcc, plain_prediction, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
 from extract.errors import check_name
@@ -75,7 +75,8 @@ def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np
     conformal = ConformalClassifier().fit(probs[cal], y[cal], alpha=cfg.alpha, mondrian=cfg.mondrian)
     sets = conformal.predict_sets(probs[test])
     pred = prediction(sets)
-    metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot)
+    metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot,
+                       groups=resampling_groups(cfg.bootstrap, features.groups[test]))
     return {
         "config": {**OmegaConf.to_container(cfg, resolve=True), "model": {"name": cfg.model.name},
                    "data": {"name": cfg.data.name}},  # the store summary records the model itself
@@ -85,7 +86,8 @@ def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np
         "probe_params": {str(c): probe.params() for c, probe in heads},
         "conformal": conformal.to_dict(),
         "fit_seconds": time.perf_counter() - started,
-        "test": {"rows": test.tolist(), "y": y[test].tolist(), "scores": scores[test].tolist(),
+        "test": {"rows": test.tolist(), "y": y[test].tolist(), "groups": features.groups[test].tolist(),
+                 "scores": scores[test].tolist(),
                  "probs": probs[test].tolist(), "sets": sets.astype(int).tolist(), "pred": pred.tolist()},
     }
 

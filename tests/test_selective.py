@@ -355,3 +355,22 @@ def test_paired_bootstrap_detects_clear_difference_and_is_seeded():
     # n = 1: every resample is the single row
     one = S.paired_bootstrap_diff([1], [1], [0], _accuracy, n_boot=20)
     assert one["diff"] == 1.0 and one["ci"] == [1.0, 1.0]
+
+
+def test_cell_intervals_resample_whole_groups():
+    """evaluation.metrics.bootstrap_ci with groups (the cells' cluster bootstrap) matches an explicit
+    resampling of whole groups, and is wider than the i.i.d. interval when groups share outcomes."""
+    from evaluation.metrics import bootstrap_ci, mcc_from_confusion, _joint_counts
+
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(80), 8)
+    y = rng.integers(0, 2, groups.size)
+    right = np.repeat(rng.random(80) < 0.8, 8)           # a group is all right or all wrong
+    pred = np.where(right, y, 1 - y)
+    iid = bootstrap_ci(y, pred, 2, n_boot=4000, seed=0)["mcc"]
+    cluster = bootstrap_ci(y, pred, 2, n_boot=4000, seed=0, groups=groups)["mcc"]
+    explicit = [mcc_from_confusion(_joint_counts(y[i], pred[i], 2)[:, :2])
+                for i in S.cluster_bootstrap_indices(groups, 4000, np.random.default_rng(1))]
+    lo, hi = np.percentile(explicit, [2.5, 97.5])
+    assert abs(cluster[0] - lo) < 0.03 and abs(cluster[1] - hi) < 0.03
+    assert (cluster[1] - cluster[0]) > 2 * (iid[1] - iid[0])

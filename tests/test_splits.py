@@ -135,8 +135,8 @@ def test_entity_disjoint_is_deterministic_per_seed(tables, disjoint_splits):
 
 
 def test_entity_disjoint_config_file(tables):
-    cfg = OmegaConf.to_container(compose_config("train_probe", "split=entity_disjoint", "seed=3").split, resolve=True)
-    assert cfg["kind"] == "entity_disjoint" and cfg["seed"] == 3  # the split follows the run's seed
+    cfg = OmegaConf.to_container(compose_config("train_probe", "split=entity_disjoint", "split_seed=3").split, resolve=True)
+    assert cfg["kind"] == "entity_disjoint" and cfg["seed"] == 3  # the split follows the run's split_seed
     split = make_split(tables["word_definitions"], **cfg)
     json.dumps(split.summary())
     assert split.summary()["params"]["entity_columns"] == ["object_1", "object_2"]

@@ -38,8 +38,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.cells import cell_path, write_cell
 from evaluation.conformal import ConformalClassifier, binary_probs, prediction
-from evaluation.metrics import ABSTAIN, evaluate
-from evaluation.splits import make_split
+from evaluation.metrics import ABSTAIN, evaluate, resampling_groups
+from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.statements import FALSE, NEITHER, TRUE
 from zero_shot.prompts import get_enumeration
@@ -156,6 +156,7 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
     scored = ~np.isnan(scores).any(1)
     limit = int(cfg.limit) if cfg.get("limit") else len(table)
     split = make_split(table, **cfg.split)
+    groups = entity_groups(table)   # subject entities: the cluster-bootstrap unit
     labels = table["label"].to_numpy()
     config = OmegaConf.to_container(cfg, resolve=True)
     if source.get("kind") == "external":
@@ -186,7 +187,8 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
                 conformal = ConformalClassifier().fit(probs[cal], y[cal], alpha=cfg.alpha, mondrian=cfg.mondrian)
                 sets = conformal.predict_sets(probs[test])
                 pred = prediction(sets)
-            metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot)
+            metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot,
+                               groups=resampling_groups(cfg.bootstrap, groups[rows[test]]))
             cell = {
                 # probe / task / layer as in the probes' cells, so a report can treat both alike
                 "config": {**config, "probe": {"name": f"zero_shot_{cfg.enumeration}_{mode}"},
@@ -201,6 +203,7 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
                 "scores_source": source,
                 "n_scored": int(scored.sum()),
                 "test": {"rows": test.tolist(), "table_rows": rows[test].tolist(), "y": y[test].tolist(),
+                         "groups": groups[rows[test]].tolist(),
                          "scores": scores[rows[test]].astype(float).tolist(),
                          "probs": probs[test].tolist(), "pred": pred.tolist(),
                          "sets": sets.astype(int).tolist() if sets is not None else None},
@@ -208,6 +211,7 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
             if mode == "argmax":  # no calibration involved: the same rule on every scored row of the task
                 ok = scored[rows]
                 cell["metrics_all_scored_rows"] = evaluate(y[ok], argmax_all[rows][ok], probs[ok], seed=cfg.seed,
+                                                           groups=resampling_groups(cfg.bootstrap, groups[rows[ok]]),
                                                            n_boot=cfg.n_boot)
             path = cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, f"zero_shot_{cfg.enumeration}_{mode}",
                              task, split.kind, None, cfg.seed)
