@@ -13,7 +13,8 @@ log = logging.getLogger("train_probe")
 @hydra.main(version_base="1.3", config_path="conf", config_name="train_probe")
 def main(cfg: DictConfig) -> None:
     paths = run_entry(train_probes, cfg, log=log)
-    log.info("%d result cells under %s", len(paths), cfg.results_dir)
+    if paths is not None:
+        log.info("%d result cells under %s", len(paths), cfg.results_dir)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ log = logging.getLogger("extract")
 @hydra.main(version_base="1.3", config_path="../conf", config_name="extract")
 def main(cfg: DictConfig) -> None:
     path = run_entry(extract, cfg, log=log)
-    log.info("store ready: %s", path)
+    if path is not None:
+        log.info("store ready: %s", path)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,23 @@
 """The toolkit's own error type and the one wrapper every entry point uses to report it.
 
 This is the bottom layer (no project imports), so every package can raise and catch it.
+
+In a Hydra multirun a failing job does not stop the sweep: `run_entry` logs its one line, records
+it in the job's output folder (`FAILED`) and lets the next job run; `ReportFailures` (a Hydra
+callback named in each entry point's config) lists the failed jobs at the end and exits 1.
+Relaunching the sweep reruns only what is missing (existing cells are skipped).
 """
 from __future__ import annotations
 
 import logging
 import re
 import sys
+from pathlib import Path
 from typing import Callable, TypeVar
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 
 T = TypeVar("T")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
@@ -27,10 +37,32 @@ def check_name(value, option: str) -> str:
     return text
 
 
-def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T:
-    """Call `func(*args)`; a ToolkitError is logged as one line and the process exits with status 1."""
+def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T | None:
+    """Call `func(*args)`; a ToolkitError is logged as one line and the process exits with status 1
+    (in a multirun: the job is recorded as failed and None is returned, so the sweep goes on)."""
     try:
         return func(*args)
     except ToolkitError as err:
-        log.error("%s", " ".join(str(err).split("\n")))
-        sys.exit(1)
+        message = " ".join(str(err).split("\n"))
+        log.error("%s", message)
+        if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+            sys.exit(1)
+        job = HydraConfig.get()
+        record = Path(job.runtime.output_dir) / "FAILED"
+        record.write_text(f"{' '.join(job.overrides.task)}\n{message}\n")
+        return None
+
+
+class ReportFailures(Callback):
+    """At the end of a multirun: one line per failed job (its overrides and reason), then exit 1."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        failed = sorted(Path(config.hydra.sweep.dir).glob("*/FAILED"))
+        log = logging.getLogger("multirun")
+        for record in failed:
+            overrides, reason = record.read_text().splitlines()[:2]
+            log.error("failed job %s: %s", overrides, reason)
+        if failed:
+            log.error("%d job(s) failed (listed above); rerun the same command to retry them, finished cells are "
+                      "kept", len(failed))
+            sys.exit(1)

@@ -208,3 +208,23 @@ def test_killed_sweep_relaunch_runs_only_missing_cells(tmp_path):
     for key, path in cells("clean").items():
         a, b = json.loads(path.read_text()), json.loads(after[key].read_text())
         assert a["metrics"] == b["metrics"] and a["test"] == b["test"]
+
+
+def test_a_failing_multirun_job_does_not_stop_the_others(tmp_path):
+    """Defect 9 of issue 10: one job's toolkit error is recorded, the other jobs run, the sweep exits 1
+    listing the failure, and a relaunch recomputes only what is missing."""
+    store_dir = tmp_path / "activations"
+    make_synthetic_store(store_dir, n_real=300, n_neither=0)   # labels {0, 1}: multiclass must fail
+    command = [sys.executable, "-m", "train_probe", "-m", "model.name=synthetic", f"store_dir={store_dir}",
+               f"results_dir={tmp_path / 'results'}", "probe=mean_diff", "task=multiclass,true_vs_all", "layer=1",
+               "n_boot=20", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert first.returncode == 1, first.stderr[-2000:]
+    output = first.stdout + first.stderr
+    assert "1 job(s) failed" in output and "failed job" in output and "task=multiclass" in output
+    cell = tmp_path / "results" / "synthetic" / "city_locations" / "mean_diff" / "true_vs_all" / "entity_disjoint"
+    done = cell / "layer=1" / "seed=0.json"
+    stamp = done.stat().st_mtime_ns
+    again = subprocess.run(command[:-1] + [f"hydra.sweep.dir={tmp_path / 'sweep2'}"], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert again.returncode == 1 and done.stat().st_mtime_ns == stamp   # the finished cell was kept

@@ -14,7 +14,8 @@ log = logging.getLogger("zero_shot")
 @hydra.main(version_base="1.3", config_path="../conf", config_name="zero_shot")
 def main(cfg: DictConfig) -> None:
     paths = run_entry(run, cfg, log=log)
-    log.info("%d files under %s", len(paths), cfg.results_dir)
+    if paths is not None:
+        log.info("%d files under %s", len(paths), cfg.results_dir)
 
 
 if __name__ == "__main__":
