@@ -27,9 +27,7 @@ refused unless ``overwrite=true``; a matching final file is reused.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
-import inspect
 import json
 import logging
 import time
@@ -44,6 +42,7 @@ from evaluation.cells import atomic_write
 from evaluation.splits import make_split
 from extract.errors import ToolkitError, check_name
 from extract.models import load_model
+from extract.padded_forward import PaddedForward
 from extract.statements import load_statements
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
 
@@ -149,39 +148,13 @@ class PromptScorer:
     """
 
     def __init__(self, model, option_ids, pad_id: int, device: torch.device, prefix: np.ndarray | None = None):
-        self.model, self.pad_id, self.device = model, pad_id, device
         self.reduce = option_matrix(option_ids, model.get_output_embeddings().weight.shape[0]).to(device)
-        self.prefix_len = 0 if prefix is None else len(prefix)
-        self.prefix_cache = None
-        if self.prefix_len:
-            # transformers >= 5.2x calls the key/value cache `cache`, older versions `past_key_values`
-            params = inspect.signature(model.forward).parameters
-            self.cache_arg = "cache" if "cache" in params else "past_key_values"
-            with torch.inference_mode():
-                ids = torch.from_numpy(prefix)[None].to(device)
-                out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
-            self.prefix_cache = getattr(out, self.cache_arg, None)
-            if self.prefix_cache is None or not hasattr(self.prefix_cache, "batch_repeat_interleave"):
-                raise ZeroShotError(f"{type(model).__name__} returns no reusable key/value cache: "
-                                    "set prefix_cache=false")
+        self.batches = PaddedForward(model, pad_id, device, prefix)
 
-    @torch.inference_mode()
     def __call__(self, head: LastTokenLogits, batch_ids: list[np.ndarray]) -> np.ndarray:
-        p = self.prefix_len
-        lengths = torch.tensor([len(x) - p for x in batch_ids])
-        width = int(lengths.max())
-        ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
-        for row, x in enumerate(batch_ids):
-            ids[row, : len(x) - p] = torch.from_numpy(x[p:])
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-        kwargs = {"use_cache": False}
-        if p:
-            cache = copy.deepcopy(self.prefix_cache)
-            cache.batch_repeat_interleave(len(batch_ids))
-            mask = torch.cat([torch.ones(len(batch_ids), p, dtype=torch.long), mask], dim=1)
-            kwargs = {"use_cache": True, self.cache_arg: cache}
-        head.last = lengths - 1
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs).logits
+        p = self.batches.prefix_len
+        head.last = torch.tensor([len(x) - p - 1 for x in batch_ids])
+        logits = self.batches.forward([x[p:] for x in batch_ids])
         probs = torch.softmax(logits[:, -1, :].float(), dim=-1)
         if probs.shape[-1] != self.reduce.shape[0]:
             raise ZeroShotError(f"logits have {probs.shape[-1]} entries, the LM head {self.reduce.shape[0]} rows")

@@ -1,0 +1,184 @@
+"""`python -m truthfulqa`: per-choice log-likelihoods of every question, MC1 / MC2 and their intervals.
+
+Output ``<results_dir>/<model.name>/truthfulqa/likelihood-<format>[-limit<N>].json``::
+
+    format, n_questions, mc1, mc2, mc1_ci, mc2_ci (95 % bootstrap over questions),
+    n_duplicate_choices {mc1, mc2}, model_id, model_fingerprint, seconds (tokenising + scoring in
+    this run, model loading excluded), resumed_after_requests,
+    questions: [{row (0-based CSV data row), mc1_logliks, mc2_logliks, mc2_labels}, ...]
+
+MC1 = mean over questions of [argmax(mc1_logliks) == 0] (np.argmax: ties go to the first choice);
+MC2 = mean over questions of sum_true p / sum_all p, p = exp(loglik) (as the harness's
+process_results_mc2, computed with the largest loglik subtracted first).
+
+Each distinct (sequence, continuation length) of the run is scored once (an incorrect answer is
+in both MC1 and MC2). Requests run longest first in batches of `batch_size`; with
+`prefix_cache=true` the tokens every request starts with (the primer) run once. Every `save_every`
+batches the log-likelihoods done so far go atomically to ``<name>.partial.npz``; a rerun with the
+same model, format and questions continues from it (other settings: it starts again).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from evaluation.cells import atomic_write
+from extract.errors import check_name
+from extract.models import load_model
+from truthfulqa.data import Question, TruthfulQAError, count_duplicate_choices, load_questions
+from truthfulqa.likelihood import LoglikScorer, check_format, common_prefix_length, question_requests
+
+log = logging.getLogger(__name__)
+
+
+def result_path(cfg: DictConfig) -> Path:
+    suffix = f"-limit{int(cfg.limit)}" if cfg.get("limit") else ""
+    return (Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / "truthfulqa"
+            / f"likelihood-{cfg.format}{suffix}.json")
+
+
+def partial_path(final: Path) -> Path:
+    return final.with_name(final.stem + ".partial.npz")
+
+
+def select_questions(cfg: DictConfig) -> list[Question]:
+    questions = load_questions(cfg.get("data_path"))
+    limit = cfg.get("limit")
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise TruthfulQAError(f"limit={limit!r}: give a positive number of questions (or null for all)")
+        questions = questions[:limit]
+    return questions
+
+
+def build_requests(tokenizer, fmt: str, questions: list[Question], system_prompt=None):
+    """Distinct scored sequences and where each choice's score comes from.
+
+    Returns seqs (list of int64 arrays: context + continuation ids), n_cont (continuation lengths)
+    and, per question, int arrays indexing seqs for its MC1 and MC2 choices.
+    """
+    index: dict[tuple, int] = {}
+    seqs, n_cont, mc1_idx, mc2_idx = [], [], [], []
+    for q in tqdm(questions, desc="tokenize", unit="question", leave=False):
+        choices = list(dict.fromkeys(q.mc1_choices + q.mc2_choices))
+        where = {}
+        for choice, (ctx, cont) in zip(choices, question_requests(tokenizer, fmt, q.question, choices,
+                                                                  system_prompt)):
+            key = (tuple(ctx + cont), len(cont))
+            if key not in index:
+                index[key] = len(seqs)
+                seqs.append(np.array(ctx + cont, dtype=np.int64))
+                n_cont.append(len(cont))
+            where[choice] = index[key]
+        mc1_idx.append(np.array([where[c] for c in q.mc1_choices]))
+        mc2_idx.append(np.array([where[c] for c in q.mc2_choices]))
+    return seqs, n_cont, mc1_idx, mc2_idx
+
+
+def mc_scores(mc1_logliks: list, mc2_logliks: list, mc2_labels: list) -> tuple[np.ndarray, np.ndarray]:
+    """Per question: MC1 correct (float 0/1 [N]) and MC2 true-probability mass (float [N])."""
+    mc1 = np.array([float(np.argmax(ll) == 0) for ll in mc1_logliks])
+    mc2 = []
+    for ll, labels in zip(mc2_logliks, mc2_labels):
+        p = np.exp(np.asarray(ll, dtype=np.float64) - np.max(ll))
+        mc2.append(float(p[np.asarray(labels) == 1].sum() / p.sum()))
+    return mc1, np.array(mc2)
+
+
+def bootstrap_ci(values: np.ndarray, n_boot: int, seed: int) -> list[float]:
+    """95 % percentile interval of the mean, resampling questions with replacement."""
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(int(n_boot), len(values)))].mean(1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def _signature(loaded, fmt: str, seqs, n_cont, prefix_len: int) -> dict:
+    h = hashlib.sha256()
+    for x, c in zip(seqs, n_cont):
+        h.update(x.tobytes())
+        h.update(np.int64(c).tobytes())
+    return {"model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint, "format": fmt,
+            "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+            "requests_sha256": h.hexdigest()[:16], "n_requests": len(seqs), "prefix_len": prefix_len}
+
+
+def compute_logliks(cfg: DictConfig, loaded, seqs, n_cont, partial: Path, on_batch=None) -> tuple[np.ndarray, int]:
+    """float64 [len(seqs)] log-likelihoods (resuming from `partial`), and the requests resumed after.
+
+    on_batch(i): called after batch i (tests use it to simulate an interruption).
+    """
+    if cfg.batch_size < 1 or cfg.save_every < 1:
+        raise TruthfulQAError("batch_size and save_every must be >= 1")
+    prefix = None
+    if cfg.prefix_cache:
+        p = common_prefix_length(seqs, n_cont)
+        prefix = seqs[0][:p] if p > 0 else None
+    signature = _signature(loaded, cfg.format, seqs, n_cont, 0 if prefix is None else len(prefix))
+    logliks = np.full(len(seqs), np.nan)
+    done, batch_size = 0, int(cfg.batch_size)
+    if partial.exists():
+        with np.load(partial, allow_pickle=False) as z:
+            if json.loads(str(z["signature"])) == signature:
+                logliks, done, batch_size = z["logliks"], int(z["n_done"]), int(z["batch_size"])
+                log.info("resuming %s after %d of %d requests (batch size %d)", partial.name, done, len(seqs),
+                         batch_size)
+            else:
+                log.warning("%s was made with other settings: starting again", partial)
+    log.info("%d distinct requests, %d-%d tokens, prefix cache %d tokens", len(seqs), min(map(len, seqs)),
+             max(map(len, seqs)), signature["prefix_len"])
+    tok = loaded.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    scorer = LoglikScorer(loaded.model, pad_id, loaded.device, prefix)
+    order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))     # longest first
+    n_batches = -(-len(order) // batch_size)
+    first = done // batch_size
+    for b in tqdm(range(first, n_batches), total=n_batches, initial=first, desc=f"truthfulqa {cfg.format}",
+                  unit="batch"):
+        idx = order[b * batch_size: (b + 1) * batch_size]
+        logliks[idx] = scorer([seqs[i] for i in idx], [n_cont[i] for i in idx])
+        end = min(len(order), (b + 1) * batch_size)
+        if (b + 1 - first) % cfg.save_every == 0 and end < len(order):
+            atomic_write(partial, lambda f: np.savez(f, logliks=logliks, n_done=np.int64(end),
+                                                      signature=np.str_(json.dumps(signature, sort_keys=True)),
+                                                      batch_size=np.int64(batch_size)))
+        if on_batch is not None:
+            on_batch(b)
+    return logliks, done
+
+
+def run(cfg: DictConfig, on_batch=None) -> Path:
+    """Score the questions (or resume), write the result JSON atomically, print MC1 / MC2."""
+    fmt = check_format(cfg.format)
+    questions = select_questions(cfg)
+    final = result_path(cfg)
+    loaded = load_model(cfg.model)
+    started = time.perf_counter()
+    seqs, n_cont, mc1_idx, mc2_idx = build_requests(loaded.tokenizer, fmt, questions, loaded.system_prompt)
+    partial = partial_path(final)
+    logliks, resumed = compute_logliks(cfg, loaded, seqs, n_cont, partial, on_batch)
+    mc1_ll = [logliks[i].tolist() for i in mc1_idx]
+    mc2_ll = [logliks[i].tolist() for i in mc2_idx]
+    labels = [q.mc2_labels for q in questions]
+    mc1, mc2 = mc_scores(mc1_ll, mc2_ll, labels)
+    result = {
+        "format": fmt, "n_questions": len(questions), "mc1": float(mc1.mean()), "mc2": float(mc2.mean()),
+        "mc1_ci": bootstrap_ci(mc1, cfg.n_boot, cfg.seed), "mc2_ci": bootstrap_ci(mc2, cfg.n_boot, cfg.seed),
+        "n_duplicate_choices": count_duplicate_choices(questions),
+        "model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
+        "seconds": time.perf_counter() - started, "resumed_after_requests": resumed,
+        "questions": [{"row": q.row, "mc1_logliks": a, "mc2_logliks": b, "mc2_labels": y}
+                      for q, a, b, y in zip(questions, mc1_ll, mc2_ll, labels)],
+    }
+    atomic_write(final, lambda f: f.write(json.dumps(result, indent=1).encode()))
+    partial.unlink(missing_ok=True)
+    print(f"TruthfulQA {fmt} ({cfg.model.name}, {len(questions)} questions): "
+          f"MC1 {result['mc1']:.4f} [{result['mc1_ci'][0]:.4f}, {result['mc1_ci'][1]:.4f}]  "
+          f"MC2 {result['mc2']:.4f} [{result['mc2_ci'][0]:.4f}, {result['mc2_ci'][1]:.4f}]  -> {final}")
+    return final
