@@ -8,13 +8,16 @@ are not run, nor is the final norm or the LM head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 from torch import nn
 
-from extract.models import decoder_layers
+from extract.models import ModelError, decoder_layers
 from extract.store import KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE
+
+_SLOT = "\ue000truthprobe-statement\ue001"  # stands for the statement while the template is rendered
 
 
 def render(tokenizer, statement: str, use_chat_template: bool,
@@ -23,16 +26,19 @@ def render(tokenizer, statement: str, use_chat_template: bool,
 
     With a chat template the statement is the user turn (no generation prompt, as in the reference
     code) and the template alone decides the special tokens (so BOS is never doubled); without one
-    the tokenizer adds its usual special tokens. Kind: statement text where a token overlaps the
-    statement's characters, special for the tokenizer's special ids, chat-template text otherwise.
+    the tokenizer adds its usual special tokens. Kind: statement text where a token's character
+    offsets overlap the statement's characters, special for the tokenizer's special ids,
+    chat-template text otherwise. Where the statement sits in the rendered text is learnt by
+    rendering the template around a placeholder (never by searching the statement's text, which
+    may also occur in the template).
     """
     if use_chat_template:
-        messages = [{"role": "user", "content": statement}]
-        if system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        text, around = _chat(tokenizer, statement, system_prompt), _around(tokenizer, system_prompt)
+        start = len(around[0])
+        if len(around) != 2 or text != around[0] + statement + around[1]:
+            raise ModelError("the chat template changes or repeats the user's text, so the statement's tokens "
+                             "cannot be located: set model.chat_template=false")
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        start = text.rindex(statement)
     else:
         text, start = statement, 0
         enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
@@ -42,6 +48,19 @@ def render(tokenizer, statement: str, use_chat_template: bool,
     in_statement = (spans[:, 0] < start + len(statement)) & (spans[:, 1] > start) & ~special
     kinds = np.where(in_statement, KIND_STATEMENT, np.where(special, KIND_SPECIAL, KIND_TEMPLATE))
     return ids, kinds.astype(np.int8)
+
+
+def _chat(tokenizer, content: str, system_prompt: str | None) -> str:
+    messages = [{"role": "user", "content": content}]
+    if system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+
+
+@lru_cache(maxsize=4)
+def _around(tokenizer, system_prompt: str | None) -> list[str]:
+    """The rendered template's text before and after the user's content."""
+    return _chat(tokenizer, _SLOT, system_prompt).split(_SLOT)
 
 
 def plan_windows(offsets: np.ndarray, window_tokens: int, start: int = 0) -> list[tuple[int, int]]:

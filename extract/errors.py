@@ -66,3 +66,23 @@ class ReportFailures(Callback):
             log.error("%d job(s) failed (listed above); rerun the same command to retry them, finished cells are "
                       "kept", len(failed))
             sys.exit(1)
+
+
+def check_count(value, option: str, none_ok: bool = False) -> int | None:
+    """`value` as a whole number >= 1 (None passes when `none_ok`); anything else is a one-line error."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        alternative = f" (or {option}=null for no limit)" if none_ok else ""
+        raise ToolkitError(f"{option}={value!r} is not a whole number >= 1: give e.g. {option}=100{alternative}")
+    return int(value)
+
+
+def config_error(err: Exception, hints: dict[str, str] | None = None) -> ToolkitError:
+    """An OmegaConf error (wrong type, unknown key, bad enum value) as one line naming the option;
+    `hints` maps an option to what it accepts (e.g. {"limit": "a whole number >= 1 or null"})."""
+    key = getattr(err, "full_key", None) or "config"
+    message = str(getattr(err, "msg", None) or err).strip().splitlines()[0].rstrip(".")
+    accepts = (hints or {}).get(key)
+    fix = f"give {key}= {accepts}" if accepts else f"correct {key}= on the command line"
+    return ToolkitError(f"{key}: {message}; {fix}")

@@ -11,17 +11,24 @@ wheel, or a tiny random Llama for tests; plus where its decoder blocks are.
     chat_template   auto (= instruct) | true | false
     system_prompt   null = the template's own default; a string adds a system turn
     dtype           compute dtype: float32 | bfloat16 | float16 | auto (bfloat16 on CUDA)
-    device          auto (CUDA if present) | cpu | cuda | cuda:1 ...
+    device          auto (CUDA if present) | cpu | cuda | cuda:1 | mps
     device_map      null, or e.g. auto to spread a large model over several GPUs
+
+Converted GGUF checkpoints are cached under $TRUTHPROBE_CACHE (default ~/.cache/truthprobe); the
+first conversion holds a file lock, so concurrent jobs convert once and the others reuse it.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import importlib.util
 import json
 import logging
+import os
+import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +38,8 @@ from torch import nn
 from extract.errors import ToolkitError
 
 log = logging.getLogger(__name__)
-CACHE_DIR = Path.home() / ".cache" / "truthprobe"
+CACHE_DIR = Path(os.environ.get("TRUTHPROBE_CACHE") or Path.home() / ".cache" / "truthprobe")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -44,7 +52,8 @@ class LoadedModel:
     model: nn.Module
     tokenizer: object
     model_id: str          # what was asked for (hub id, path, package/file)
-    fingerprint: str       # hub revision, sha256 of the GGUF file, or hash of the tiny config
+    fingerprint: str       # hub revision, sha256 of the GGUF file or of a local folder's weight files,
+                           # or of the tiny model's weights
     use_chat_template: bool
     system_prompt: str | None
     device: torch.device
@@ -56,6 +65,24 @@ class LoadedModel:
     @property
     def hidden_size(self) -> int:
         return int(self.model.config.hidden_size)
+
+    @property
+    def compute_dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest input the model takes (its position table), None when it does not say."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        """sha256 of the tokenizer's full definition (vocabulary, merges, normalisation, special tokens)."""
+        tok = self.tokenizer
+        backend = getattr(tok, "backend_tokenizer", None)
+        spec = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
+        spec += json.dumps(tok.special_tokens_map, sort_keys=True, default=str)
+        return hashlib.sha256(spec.encode()).hexdigest()
 
 
 def load_model(cfg) -> LoadedModel:
@@ -74,7 +101,7 @@ def load_model(cfg) -> LoadedModel:
     elif source == "hub":
         model, tokenizer = _from_pretrained(cfg.name_or_path, dtype, cfg.get("device_map"))
         model_id = cfg.name_or_path
-        fingerprint = (getattr(model.config, "_commit_hash", None) or _dir_fingerprint(cfg.name_or_path)
+        fingerprint = (_dir_fingerprint(cfg.name_or_path) or getattr(model.config, "_commit_hash", None)
                        or "unknown-revision")
     else:
         raise ModelError(f"unknown model.source {source!r}: use hub, gguf_package, gguf_parts or tiny")
@@ -90,6 +117,10 @@ def load_model(cfg) -> LoadedModel:
 
 
 def resolve_device(name: str) -> torch.device:
+    if not _DEVICE.fullmatch(str(name)):
+        raise ModelError(f"model.device={name!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ModelError("model.device=mps but MPS is not available: use model.device=cpu or auto")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -139,27 +170,53 @@ def _packaged_gguf(cfg) -> Path:
             raise ModelError(f"{path} is missing: reinstall {cfg.package}")
         return path
     package = importlib.import_module(cfg.package)  # its assemble() checks the published sha256
-    return Path(package.assemble(CACHE_DIR / "gguf" / cfg.file))
+    target = CACHE_DIR / "gguf" / cfg.file
+    with _cache_lock(target):  # assemble() writes in place: one job at a time
+        return Path(package.assemble(target))
+
+
+@contextmanager
+def _cache_lock(target: Path):
+    """Exclusive lock (waiting for the holder) on `<target>.lock`, beside a cache entry being made."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ModelError(f"cannot write the model cache {target.parent} ({err.strerror}): set "
+                         "TRUTHPROBE_CACHE= to a writable folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _converted_gguf(gguf: Path, fingerprint: str) -> Path:
-    """A Hugging Face copy of the GGUF model, made once (de-quantising GGUF takes a minute)."""
+    """A Hugging Face copy of the GGUF model, made once (de-quantising GGUF takes a minute); a job
+    that finds another converting waits for it and reuses its result."""
     target = CACHE_DIR / "hf" / f"{gguf.stem}-{fingerprint[:16]}"
     if (target / "config.json").is_file():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with _cache_lock(target):
+        if (target / "config.json").is_file():
+            return target
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("converting %s to a Hugging Face checkpoint in %s (once)", gguf.name, target)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model.hf_quantizer = None  # the weights are de-quantised float tensors now; save them as such
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.save_pretrained(tmp)
-    model.save_pretrained(tmp)
-    tmp.rename(target)
+        log.info("converting %s to a Hugging Face checkpoint in %s (once)", gguf.name, target)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model.hf_quantizer = None  # the weights are de-quantised float tensors now; save them as such
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed conversion's (we hold the lock)
+        shutil.rmtree(target, ignore_errors=True)  # incomplete: no config.json
+        try:
+            tokenizer.save_pretrained(tmp)
+            model.save_pretrained(tmp)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -186,8 +243,11 @@ def _tiny(cfg):
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(config)
     spec = {"hidden_size": cfg.hidden_size, "n_layers": cfg.n_layers, "seed": cfg.seed}
-    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    return model, tokenizer, f"tiny-llama({spec})", fingerprint
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return model, tokenizer, f"tiny-llama({spec})", digest.hexdigest()
 
 
 def _sha256(path: Path) -> str:
@@ -199,12 +259,14 @@ def _sha256(path: Path) -> str:
 
 
 def _dir_fingerprint(path: str) -> str | None:
-    """Local directory without a hub revision: hash of its config and weight-file names and sizes."""
+    """A local directory: sha256 over the names and sha256s of its config, tokenizer and weight files
+    (their content: another checkpoint of the same architecture differs). None for a hub id."""
     root = Path(path)
     if not root.is_dir():
         return None
-    files = sorted(p for p in root.iterdir() if p.suffix in (".json", ".safetensors", ".bin", ".gguf"))
+    files = sorted(p for p in root.iterdir()
+                   if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".gguf", ".model", ".pt"))
     digest = hashlib.sha256()
     for p in files:
-        digest.update(f"{p.name}:{p.stat().st_size}".encode())
+        digest.update(f"{p.name}:{_sha256(p)}\n".encode())
     return digest.hexdigest()

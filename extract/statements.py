@@ -94,6 +94,8 @@ def _to_table(raw: pd.DataFrame, name: str, statement_column: str,
               label_column: str | None) -> pd.DataFrame:
     """Validate one raw all-text table and convert it to the statement table."""
     _require(raw, name, statement_column)
+    if len(raw) == 0:
+        raise StatementsError(f"{name}: no statements (only a header): add rows below the header")
     text = raw[statement_column].str.strip()
     empty = np.flatnonzero(text == "")
     if len(empty):

@@ -3,7 +3,8 @@
 Layout (schema_version 1; readable with plain h5py, see README "Store layout"):
 
     /                       attributes: schema_version, model_id, model_fingerprint, tokenizer_id,
-                            n_layers (L), hidden_size, dtype, layers (stored layer numbers),
+                            tokenizer_fingerprint, compute_dtype, n_layers (L), hidden_size, dtype,
+                            layers (stored layer numbers),
                             chat_template (bool), chat_template_text, system_prompt, datapack,
                             n_statements, n_tokens, n_done, toolkit_version, created, config (JSON)
     /statements/text        str    [N]
@@ -20,12 +21,15 @@ Layout (schema_version 1; readable with plain h5py, see README "Store layout"):
 
 Layer k: 0 = embedding output, 1..L = residual stream after decoder block k (no final norm).
 Rows are in datapack order. `n_done` counts statements, in datapack order, whose rows of every
-layer are on disk; everything else (metadata, tokens, the space of every layer) is written when the
-file is created, so the only later writes are raw layer rows and `n_done`.
+layer are on disk (written, fsynced and read back); everything else (metadata, tokens, the space
+of every layer, reserved on disk) is written when the file is created, under a temporary name
+renamed into place once complete, so the only later writes are raw layer rows and `n_done`.
 """
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from pathlib import Path
 
@@ -34,7 +38,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from extract.disk import NoSpace, check_space, fsync_folder, os_reason, reserve, writer_pid
 from extract.errors import ToolkitError, check_name
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 TOOLKIT_VERSION = "0.1.0"
@@ -78,8 +85,37 @@ def select_layers(spec, n_layers: int, stored: list[int] | None = None, option: 
 
 
 def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype: str) -> int:
-    """Bytes the layer datasets will take on disk (metadata excluded)."""
-    return n_tokens * n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize
+    """Bytes the store will take on disk: its layers and token arrays (statement text excluded)."""
+    return n_tokens * (n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize + 9)
+
+
+def build_store(path: Path, need: int, *args, replace: bool = False) -> None:
+    """`create_store(path, *args)` safely, for a store of about `need` bytes: refused if the disk
+    lacks the room; written under a temporary name beside `path`, its bytes reserved on disk, and
+    only then renamed to `path`. An old store there is replaced at that moment (`replace`), or
+    deleted just before the reservation when the disk cannot hold both. A kill at any moment leaves
+    either no store or a complete, empty one. The caller holds the store's writer lock (so a
+    temporary file found here is a killed run's)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    check_space(path.parent, need, reclaimable=path.stat().st_size if replace and path.exists() else 0)
+    try:
+        try:
+            create_store(tmp, *args)
+        except OSError as err:
+            raise StoreError(f"cannot write {path} ({os_reason(err)}): free space or choose another store_dir=") from None
+        try:
+            reserve(tmp)
+        except NoSpace:
+            if not (replace and path.exists()):
+                raise
+            log.info("deleting the old %s to make room for the new one", path)
+            path.unlink()
+            reserve(tmp)
+        os.replace(tmp, path)
+        fsync_folder(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], token_kinds: list[np.ndarray],
@@ -134,24 +170,56 @@ def _attr(value):
     return json.dumps(value) if isinstance(value, (dict, list)) else ("" if value is None else value)
 
 
+def _plain(value):
+    """An HDF5 attribute as a plain Python value (no np.int64(750) / np.True_ in messages)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def open_store(path: Path, mode: str = "r", writer: bool = False, **kwargs) -> h5py.File:
+    """h5py.File(path, mode), with "in use by another process" told apart from damage; `writer`:
+    the caller holds the store's writer lock."""
+    pid = None if writer else writer_pid(path)
+    if pid is not None:
+        raise StoreError(f"{path} is in use by another process (being written by extraction pid {pid}): "
+                         "wait for it to finish, or stop it, then rerun")
+    try:
+        return h5py.File(path, mode, **kwargs)
+    except OSError as err:
+        if "unable to lock file" in str(err) or err.errno == 11:
+            raise StoreError(f"{path} is in use by another process (its HDF5 file lock is held): wait until "
+                             "that process closes it, then rerun") from None
+        raise StoreError(f"{path} is damaged or not an HDF5 store ({os_reason(err)}): "
+                         "rerun extraction with overwrite=true") from None
+
+
+# new attributes (absent from stores written before them: not compared there)
+_OPTIONAL_KEYS = ("compute_dtype", "tokenizer_fingerprint")
+
+
 def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
                      token_ids: list[np.ndarray]) -> None:
-    """Refuse to resume into a store made for another model, datapack, dtype, layers or input."""
-    try:
-        with h5py.File(path, "r") as f:
-            have = dict(f.attrs)
+    """Refuse to resume into a store made for another model (weights, compute dtype, tokenizer,
+    template), datapack, dtype, layers or input."""
+    with open_store(path, writer=True) as f:
+        have = {k: _plain(v) for k, v in f.attrs.items()}
+        try:
             stored_ids = f["tokens/ids"][:]
-    except (OSError, KeyError) as err:
-        raise StoreError(f"{path} is damaged ({err}); rerun with overwrite=true") from None
-    wanted = {"model_fingerprint": attrs["model_fingerprint"], "datapack": attrs["datapack"],
-              "chat_template": attrs["chat_template"], "system_prompt": _attr(attrs["system_prompt"]),
-              "dtype": dtype, "n_statements": len(token_ids)}
+        except KeyError:
+            raise StoreError(f"{path} is damaged (no tokens/ids); rerun with overwrite=true") from None
+    wanted = {"model_fingerprint": attrs["model_fingerprint"], "compute_dtype": attrs["compute_dtype"],
+              "tokenizer_fingerprint": attrs["tokenizer_fingerprint"], "datapack": attrs["datapack"],
+              "chat_template": attrs["chat_template"], "chat_template_text": attrs["chat_template_text"],
+              "system_prompt": _attr(attrs["system_prompt"]), "dtype": dtype, "n_statements": len(token_ids)}
     for key, value in wanted.items():
+        if key in _OPTIONAL_KEYS and key not in have:
+            continue
         if have.get(key) != value:
-            raise StoreError(f"{path} was made with {key}={have.get(key)!r}, not {value!r}: "
-                             "rerun with overwrite=true to replace it (or choose another store_dir=)")
+            shown = (f"{have.get(key)!r}, not {value!r}" if len(repr(have.get(key))) + len(repr(value)) < 160
+                     else "other values")
+            raise StoreError(f"{path} was made with {key}={shown}: rerun with overwrite=true to replace it "
+                             "(or choose another store_dir=)")
     if list(have["layers"]) != list(layers):
-        raise StoreError(f"{path} holds layers {list(have['layers'])}, not {layers}: "
+        raise StoreError(f"{path} holds layers {[int(k) for k in have['layers']]}, not {layers}: "
                          "rerun with overwrite=true to replace it")
     if not np.array_equal(stored_ids, np.concatenate(token_ids)):
         raise StoreError(f"{path} holds other token ids (statements or tokenizer changed): "
@@ -159,34 +227,59 @@ def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
 
 
 class StoreWriter:
-    """Appends whole windows of statements (in datapack order) to an existing store."""
+    """Appends whole windows of statements (in datapack order) to an existing store.
+
+    Without a chunk cache every write reaches the file inside the call, so a failing write raises
+    there (h5py reports errors met while flushing a cache only as ignored warnings)."""
 
     def __init__(self, path: Path):
-        self.file = h5py.File(path, "r+")
+        self.path = path
+        self.file = open_store(path, "r+", writer=True, rdcc_nbytes=0)
         self.offsets = self.file["tokens/offsets"][:]
         self.dtype = self.file.attrs["dtype"]
-
-    @property
-    def n_done(self) -> int:
-        return int(self.file.attrs["n_done"])
+        self.layers = {int(k): ds for k, ds in self.file["layers"].items()}
+        self._fd = self.file.id.get_vfd_handle()
+        self.n_done = int(self.file.attrs["n_done"])
 
     def write(self, start: int, stop: int, rows: dict[int, np.ndarray]) -> None:
         """Store statements start..stop-1; rows[k] is [offsets[stop]-offsets[start], hidden] for layer k,
         in the stored representation (see `torch_to_stored`).
 
-        n_done advances to `stop` only after every layer's rows are flushed to disk.
+        n_done advances to `stop` only after every layer's rows are written, fsynced and read back.
         """
         if start != self.n_done:
             raise StoreError(f"write of statements {start}.. out of order (store has {self.n_done} done)")
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        try:
+            for k, x in rows.items():
+                self.layers[k][lo:hi] = x
+            self.file.flush()
+            os.fsync(self._fd)
+            self._read_back(lo, hi, rows)
+            self.file.attrs.modify("n_done", stop)  # in place: no new metadata space needed
+            self.file.flush()
+            os.fsync(self._fd)
+        except OSError as err:
+            raise StoreError(f"writing {self.path} failed ({os_reason(err)}) at statement {start}: fix the disk "
+                             f"(free space), then rerun the same command to resume from statement {start}") from None
+        self.n_done = stop
+
+    def _read_back(self, lo: int, hi: int, rows: dict[int, np.ndarray]) -> None:
+        """Read one row of every chunk the window touched (and its last row) back from the file."""
         for k, x in rows.items():
-            self.file["layers"][str(k)][lo:hi] = x
-        self.file.flush()
-        self.file.attrs["n_done"] = stop
-        self.file.flush()
+            ds = self.layers[k]
+            picks = np.unique(np.append(np.arange(0, hi - lo, ds.chunks[0]), hi - lo - 1))
+            if not np.array_equal(ds[lo + picks].view(np.uint8), x[picks].view(np.uint8)):
+                raise StoreError(f"{self.path}: layer {k} rows {lo}..{hi - 1} read back differ from what was "
+                                 "written (the disk or file system lost the write): move the store to "
+                                 "a healthy disk (store_dir=...) and rerun")
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError as err:
+            raise StoreError(f"closing {self.path} failed ({os_reason(err)}): fix the disk, then rerun the "
+                             "same command (it resumes after the last statement on disk)") from None
 
 
 def torch_to_stored(t: "torch.Tensor") -> np.ndarray:
@@ -213,15 +306,11 @@ class ActivationStore:
 
     def __init__(self, path: str | Path, allow_incomplete: bool = False):
         self.path = Path(path)
-        if not self.path.is_file():
+        if not self.path.is_file() and writer_pid(self.path) is None:
             raise StoreError(f"no activation store at {self.path}: run `python -m extract` first "
                              "(or point store_dir= at the folder that holds it)")
-        try:
-            self.file = h5py.File(self.path, "r")
-        except OSError as err:
-            raise StoreError(f"{self.path} is not a readable HDF5 store ({err}); "
-                             "rerun extraction with overwrite=true") from None
-        self.attrs = dict(self.file.attrs)
+        self.file = open_store(self.path)
+        self.attrs = {k: _plain(v) for k, v in self.file.attrs.items()}
         if self.attrs.get("schema_version") != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema_version {self.attrs.get('schema_version')} is not "
                              f"{SCHEMA_VERSION}; re-extract it with this version (overwrite=true)")

@@ -16,11 +16,16 @@ import numpy as np
 import pytest
 import torch
 
+from omegaconf import OmegaConf
+
 from extract.capture import plan_batches, plan_windows, render
+from extract.errors import ToolkitError
 from extract.models import decoder_layers, load_model
 from extract.run import extract
-from extract.store import KIND_STATEMENT, ActivationStore, StoreError
+from extract.statements import StatementsError, load_statements
+from extract.store import KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError, StoreWriter
 from tests.conftest import extract_config
+from zero_shot.scoring import scored_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,9 +128,10 @@ def test_mismatched_store_is_refused(tmp_path):
     args = ["model=tiny", "data=city_locations", "limit=5", f"store_dir={tmp_path}"]
     extract(extract_config(*args))
     for change, message in [("dtype=float32", "dtype"), ("model.seed=1", "model_fingerprint"),
-                            ("layers=[1]", "layers"), ("limit=6", "n_statements")]:
-        with pytest.raises(StoreError, match=message):
+                            ("layers=[1]", "layers"), ("limit=6", "n_statements=5, not 6")]:
+        with pytest.raises(StoreError, match=message) as err:
             extract(extract_config(*args, change))
+        assert "np." not in str(err.value) and "\n" not in str(err.value)
     extract(extract_config(*args, "dtype=float32", "overwrite=true"))
     with ActivationStore(tmp_path / "tiny" / "city_locations.h5") as store:
         assert store.attrs["dtype"] == "float32"
@@ -213,3 +219,107 @@ def test_smollm2_stored_states_equal_plain_gguf_forward(tmp_path):
             text = loaded.tokenizer.apply_chat_template([{"role": "user", "content": statement}], tokenize=False)
             assert ids[offsets[i]:offsets[i + 1]].tolist() == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     check_against_plain_forward(path, loaded, range(10))
+
+
+# ------------------------------------------------------------ resume: same model or refused
+def test_resume_with_another_model_or_compute_dtype_is_refused(tmp_path, monkeypatch):
+    """A run interrupted after its first window, resumed with another tiny model (seed 1: same
+    architecture, other weights) or another compute dtype: refused with one line, nothing mixed;
+    resumed with the same settings it ends equal to an uninterrupted run."""
+    args = ["model=tiny", "data=city_locations", "limit=30", "window_tokens=400", "batch_tokens=400"]
+    real_write = StoreWriter.write
+
+    def write_then_interrupt(self, *window):
+        real_write(self, *window)
+        raise KeyboardInterrupt  # as Ctrl-C right after the first window reached the disk
+
+    monkeypatch.setattr(StoreWriter, "write", write_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        extract(extract_config(*args, f"store_dir={tmp_path / 'a'}"))
+    monkeypatch.undo()
+    path = tmp_path / "a" / "tiny" / "city_locations.h5"
+    with ActivationStore(path, allow_incomplete=True) as store:
+        assert 0 < store.n_done < 30
+    for change, key in [("model.seed=1", "model_fingerprint"), ("model.dtype=bfloat16", "compute_dtype")]:
+        with pytest.raises(StoreError, match=f"made with {key}=") as err:
+            extract(extract_config(*args, f"store_dir={tmp_path / 'a'}", change))
+        assert "\n" not in str(err.value) and "overwrite=true" in str(err.value)
+    extract(extract_config(*args, f"store_dir={tmp_path / 'a'}"))
+    clean = extract(extract_config(*args, f"store_dir={tmp_path / 'b'}"))
+    with ActivationStore(path) as a, ActivationStore(clean) as b:
+        for k in b.layers:
+            np.testing.assert_array_equal(a.layer(k), b.layer(k))
+
+
+def test_local_checkpoint_is_fingerprinted_by_its_weights(tmp_path):
+    """A local folder holding another checkpoint of the same architecture (same file names and
+    sizes) is another model: its store is refused."""
+    checkpoint = tmp_path / "checkpoint"
+    args = ["model=llama", f"model.name_or_path={checkpoint}", "model.name=local", "model.dtype=float32",
+            "model.device=cpu", "data=city_locations", "limit=4", f"store_dir={tmp_path / 'stores'}"]
+    for seed in (0, 1):
+        tiny = load_model(extract_config("model=tiny", f"model.seed={seed}").model)
+        tiny.model.save_pretrained(checkpoint)
+        tiny.tokenizer.save_pretrained(checkpoint)
+        if seed == 0:
+            extract(extract_config(*args))
+    with pytest.raises(StoreError, match="made with model_fingerprint="):
+        extract(extract_config(*args))
+
+
+# ------------------------------------------------------------- bad limit, layers, statements
+@pytest.mark.parametrize("limit", ["0", "-1", "1.5", "abc"])
+def test_bad_limit_is_one_line_error(tmp_path, limit):
+    with pytest.raises(ToolkitError, match="limit") as err:
+        extract(extract_config("model=tiny", f"limit={limit}", f"store_dir={tmp_path / 's'}"))
+    assert "\n" not in str(err.value) and not (tmp_path / "s").exists()
+    table = load_statements("city_locations")
+    value = OmegaConf.create({"limit": limit}).limit  # as the command line parses it
+    with pytest.raises(ToolkitError, match="limit=") as err:
+        scored_rows(OmegaConf.create({"limit": value, "rows": "all"}), table)
+    assert "\n" not in str(err.value)
+
+
+def test_empty_layer_list_writes_nothing(tmp_path):
+    with pytest.raises(StoreError, match=r"layers=\[\]: use all") as err:
+        extract(extract_config("model=tiny", "limit=3", "layers=[]", f"store_dir={tmp_path / 's'}"))
+    assert "\n" not in str(err.value) and not (tmp_path / "s").exists()
+
+
+def csv_of(tmp_path: Path, *statements: str) -> Path:
+    path = tmp_path / "mine.csv"
+    path.write_text("statement,label\n" + "".join(f"\"{s}\",1\n" for s in statements))
+    return path
+
+
+def test_statement_longer_than_the_context_is_refused(tmp_path):
+    """The tiny model has 512 positions: a 600-character statement (one token per byte) is refused
+    with one line naming its row, before anything is written."""
+    csv = csv_of(tmp_path, "Paris is in France.", "x" * 600)
+    with pytest.raises(StatementsError, match=r"mine\.csv, row 1, column 'statement': .* more than the model's 512 "
+                                              "positions") as err:
+        extract(extract_config("model=tiny", "data=csv", f"data.path={csv}", "data.name=mine",
+                               "data.label_column=label", f"store_dir={tmp_path / 's'}"))
+    assert "\n" not in str(err.value) and not (tmp_path / "s").exists()
+
+
+def test_statement_of_special_tokens_only_is_refused(tmp_path):
+    csv = csv_of(tmp_path, "Paris is in France.", "<s>")
+    with pytest.raises(StatementsError, match=r"mine\.csv, row 1, .*'<s>' has no text token") as err:
+        extract(extract_config("model=tiny", "data=csv", f"data.path={csv}", "data.name=mine",
+                               "data.label_column=label", f"store_dir={tmp_path / 's'}"))
+    assert "\n" not in str(err.value) and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("statement", ["end", "user", ": end", "Paris is in France."])
+def test_token_kinds_come_from_offsets_not_text_search(statement):
+    """A statement that also occurs in the template's own text (`end` in its closing text) gets
+    exactly its own tokens marked as statement, and the template's text stays template."""
+    tok = load_model(extract_config("model=tiny").model).tokenizer
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + ' (end)' }}{% endfor %}"
+    ids, kinds = render(tok, statement, True)
+    before = len(tok("<s>user: ", add_special_tokens=False)["input_ids"])
+    own = tok(statement, add_special_tokens=False)["input_ids"]
+    assert np.flatnonzero(kinds == KIND_STATEMENT).tolist() == list(range(before, before + len(own)))
+    assert ids[kinds == KIND_STATEMENT].tolist() == own
+    assert tok.decode(ids[kinds == KIND_TEMPLATE]) == "user:  (end)"

@@ -55,6 +55,7 @@ HEADER = "statement,object_1,object_2,correct,negation,real_object"
     (HEADER, [GOOD, " ,Paris,France,TRUE,FALSE,TRUE"], r"bad\.csv, row 1, column 'statement': empty statement"),
     (HEADER, [GOOD, GOOD, "Paris is in France.,Paris,France,maybe,FALSE,TRUE"],
      r"bad\.csv, row 2, column 'correct': cannot parse 'maybe' as a boolean"),
+    (HEADER, [], r"bad\.csv: no statements \(only a header\)"),
 ])
 def test_bad_csv_gives_one_line_error_and_no_store(tmp_path, header, rows, pattern):
     csv = write_csv(tmp_path / "bad.csv", header, *rows)

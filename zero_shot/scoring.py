@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from evaluation.cells import atomic_write
 from evaluation.splits import make_split
-from extract.errors import ToolkitError, check_name
+from extract.errors import ToolkitError, check_count, check_name
 from extract.models import load_model
 from extract.padded_forward import PaddedForward
 from extract.statements import load_statements
@@ -69,8 +69,9 @@ def scored_rows(cfg: DictConfig, table) -> tuple[np.ndarray, str]:
     calibration and test rows of `split=` (all the evaluation needs; about 35-45 % of a
     datapack), the other rows stay NaN in the file.
     """
-    n = len(table) if not cfg.get("limit") else min(len(table), int(cfg.limit))
-    suffix = f"-limit{n}" if cfg.get("limit") else ""
+    limit = check_count(cfg.get("limit"), "limit", none_ok=True)
+    n = len(table) if limit is None else min(len(table), limit)
+    suffix = f"-limit{n}" if limit is not None else ""
     rows = np.arange(n)
     if cfg.rows == "heldout":
         split = make_split(table, **cfg.split)

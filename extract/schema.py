@@ -1,0 +1,112 @@
+"""Typed schema of `python -m extract`'s options, checked before any work.
+
+OmegaConf checks each option's type against these dataclasses (an int where an int belongs, one of
+the listed dtypes, ...); the ranges it cannot express (>= 1, `auto` or a number) are checked here.
+Every failure is one ToolkitError line naming the option. The YAML files stay the defaults; the
+schema is applied in `validate` (inside the entry point, so its errors reach `run_entry`: Hydra
+reports errors of its own composition on several lines). Keys a schema does not list (options of
+other entry points sharing a config group) pass through unchecked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from extract.errors import ToolkitError, check_count, config_error
+
+StoredDtype = Enum("StoredDtype", {k: k for k in ("float16", "bfloat16", "float32")})
+ComputeDtype = Enum("ComputeDtype", {k: k for k in ("float32", "bfloat16", "float16", "auto")})
+ModelSource = Enum("ModelSource", {k: k for k in ("hub", "gguf_package", "gguf_parts", "tiny")})
+DataSource = Enum("DataSource", {k: k for k in ("csv", "hf")})
+_HINTS = {"limit": "a whole number >= 1, or null for every statement", "batch_tokens": "a whole number >= 1",
+          "window_mb": "a whole number >= 1", "overwrite": "true or false", "model.seed": "a whole number",
+          "model.hidden_size": "a whole number", "model.n_layers": "a whole number", "model.instruct": "true or false"}
+_MISSING_HINTS = {"data.name": "the store's file name, e.g. data.name=mine",
+                  "data.path": "the CSV file, e.g. data.path=my.csv"}
+
+
+@dataclass
+class ModelSchema:
+    name: str = MISSING
+    source: ModelSource = MISSING
+    name_or_path: Optional[str] = None
+    package: Optional[str] = None
+    file: Optional[str] = None
+    hidden_size: Optional[int] = None
+    n_layers: Optional[int] = None
+    seed: Optional[int] = None
+    instruct: bool = False
+    chat_template: Any = "auto"
+    system_prompt: Optional[str] = None
+    dtype: ComputeDtype = ComputeDtype.float32
+    store_dtype: StoredDtype = StoredDtype.float16
+    device: str = "auto"
+    device_map: Any = None
+
+
+@dataclass
+class DataSchema:
+    name: str = MISSING
+    source: DataSource = DataSource.csv
+    path: Optional[str] = None
+    statement_column: str = "statement"
+    label_column: Optional[str] = None
+
+
+@dataclass
+class ExtractSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    data: DataSchema = field(default_factory=DataSchema)
+    store_dir: str = "activations"
+    layers: Any = "all"
+    dtype: StoredDtype = MISSING
+    limit: Optional[int] = None
+    overwrite: bool = False
+    batch_tokens: int = 4096
+    window_tokens: Any = "auto"
+    window_mb: int = 512
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """The config with every option's type and range checked (a plain DictConfig, enums as strings)."""
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        typed = OmegaConf.merge(OmegaConf.structured(ExtractSchema), _known(plain, ExtractSchema))
+    except OmegaConfBaseException as err:
+        raise config_error(err, _HINTS) from None
+    missing = sorted(OmegaConf.missing_keys(typed))
+    if missing:
+        key = missing[0]
+        raise ToolkitError(f"{key} is not set: give {_MISSING_HINTS.get(key, f'{key}=...')} on the command line")
+    checked = _update(plain, OmegaConf.to_container(typed, enum_to_str=True))
+    check_count(checked["limit"], "limit", none_ok=True)
+    check_count(checked["batch_tokens"], "batch_tokens")
+    check_count(checked["window_mb"], "window_mb")
+    if checked["window_tokens"] != "auto":
+        check_count(checked["window_tokens"], "window_tokens")
+    if checked["model"]["chat_template"] not in ("auto", True, False):
+        raise ToolkitError(f"model.chat_template={checked['model']['chat_template']!r}: use auto, true or false")
+    return OmegaConf.create(checked)
+
+
+def _known(values: dict, schema) -> dict:
+    """The entries of `values` that `schema` declares (nested dataclasses recursively)."""
+    out = {}
+    for f in fields(schema):
+        if f.name in values:
+            sub = values[f.name]
+            nested = f.default_factory() if callable(f.default_factory) else None
+            out[f.name] = _known(sub, type(nested)) if is_dataclass(nested) and isinstance(sub, dict) else sub
+    return out
+
+
+def _update(base: dict, new: dict) -> dict:
+    """`base` with the entries of `new` written over it (nested dicts merged)."""
+    out = dict(base)
+    for key, value in new.items():
+        out[key] = _update(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
