@@ -24,6 +24,21 @@ Method (LAC, "least ambiguous set-valued classifier"):
 :func:`prediction` turns sets into labels: the single label of a one-label
 set, -1 (abstain) for an empty set or a set with several labels.
 
+The reference procedure (carlomarxdk/trilemma-of-truth, ``probes/conformal.py``), on demand
+(:class:`ReferenceConformal`, ``conformal=reference``): conformal p-values
+``p_y = (#{calibration scores >= s_y} + 1) / (n + 1)``, label y in the set iff ``p_y > alpha``,
+with one of two nonconformity scores:
+
+- ``symmetric``: ``exp(-(2y - 1) f)`` on a raw binary score ``f`` (its binary probes);
+- ``margin``: ``(1 - (p_y - max_{k != y} p_k)) / 2`` on a probability-like vector (its multiclass
+  probes; its zero-shot evaluation, on the four unnormalised group masses false / true / neither /
+  abstain, so "abstain" is class 3 and a one-label set {3} counts as an accepted prediction 3).
+
+A multi-label set abstains, or with ``tie_breaking`` becomes label 0 if ``p_0 > p_1`` else 1
+(the reference's zero-shot evaluation; its probes run without it). For exchangeable data
+``p_y > alpha`` covers the truth with probability >= 1 - alpha too; the difference to LAC is the
+score, not the guarantee. :func:`acceptance_by_label` counts accepted predictions per label.
+
 Example::
 
     cp = ConformalClassifier().fit(cal_probs, cal_labels, alpha=0.1)
@@ -43,6 +58,8 @@ from evaluation.metrics import acceptance_rate, coverage, mean_set_size, per_cla
 
 __all__ = [
     "ConformalClassifier",
+    "ReferenceConformal",
+    "acceptance_by_label",
     "binary_probs",
     "conformal_rank",
     "conformal_threshold",
@@ -209,3 +226,86 @@ class ConformalClassifier:
         cp.n_cal_ = d.get("n_cal")
         cp.n_cal_per_class_ = d.get("n_cal_per_class")
         return cp
+
+
+def acceptance_by_label(y_pred, n_labels: int) -> dict:
+    """Accepted predictions [M] (-1 = abstained) per label, and whether only one label is ever
+    accepted (then MCC on the accepted statements is 0 whatever the scores: a one-label probe)."""
+    yp = np.asarray(y_pred, dtype=np.int64).ravel()
+    counts = np.bincount(yp[yp >= 0], minlength=n_labels)
+    return {"accepted_per_label": {str(k): int(c) for k, c in enumerate(counts)},
+            "single_label_accepted": bool((counts > 0).sum() == 1)}
+
+
+NONCONFORMITY = ("symmetric", "margin")
+
+
+def nonconformity(values: np.ndarray, labels: np.ndarray, score: str) -> np.ndarray:
+    """The reference's nonconformity of `labels` [N]: ``symmetric`` on raw scores [N], ``margin`` on
+    probabilities [N, K] (float64, the reference's arithmetic, so ties with it are exact)."""
+    y = np.asarray(labels, dtype=np.int64).ravel()
+    v = np.asarray(values, dtype=np.float64)
+    if score == "symmetric":
+        return np.exp(-(2 * y - 1) * v.ravel())
+    rows = np.arange(len(y))
+    others = v.copy()
+    others[rows, y] = -np.inf
+    return (1.0 - (v[rows, y] - others.max(axis=1))) / 2
+
+
+class ReferenceConformal:
+    """The reference's inductive conformal predictor (module docstring): p-values, ``p > alpha``.
+
+    Input `values`: raw binary scores [N] (``symmetric``) or probabilities [N, K] (``margin``).
+    After :meth:`fit`: ``calibration_scores_`` float [n] (sorted).
+    """
+
+    def __init__(self, score: str, n_classes: int, tie_breaking: bool = False):
+        if score not in NONCONFORMITY:
+            raise ValueError(f"score must be one of {NONCONFORMITY}, got {score!r}")
+        self.score, self.n_classes, self.tie_breaking = score, int(n_classes), bool(tie_breaking)
+        self.alpha: float | None = None
+        self.calibration_scores_: np.ndarray | None = None
+
+    def fit(self, cal_values, cal_labels, alpha: float = 0.1) -> "ReferenceConformal":
+        if not 0.0 < alpha < 1.0:
+            raise ConformalError(f"alpha={alpha}: use a miscoverage level in (0, 1), e.g. alpha=0.1")
+        y = np.asarray(cal_labels, dtype=np.int64).ravel()
+        if len(y) == 0:
+            raise ConformalError("the calibration split is empty: enlarge it")
+        self.alpha = float(alpha)
+        self.calibration_scores_ = np.sort(nonconformity(cal_values, y, self.score))
+        return self
+
+    def p_values(self, values) -> np.ndarray:
+        """[M, n_classes]: p_y = (#{calibration scores >= s_y} + 1) / (n + 1) for every label y."""
+        if self.calibration_scores_ is None:
+            raise RuntimeError("ReferenceConformal is not fitted: call fit() first")
+        cal = self.calibration_scores_
+        m = len(np.asarray(values))
+        out = np.empty((m, self.n_classes))
+        for c in range(self.n_classes):
+            s = nonconformity(values, np.full(m, c), self.score)
+            out[:, c] = (len(cal) - np.searchsorted(cal, s, side="left") + 1) / (len(cal) + 1)
+        return out
+
+    def predict_sets(self, values) -> np.ndarray:
+        """bool [M, n_classes]: the labels with p-value above alpha."""
+        return self.p_values(values) > self.alpha
+
+    def predict(self, values) -> np.ndarray:
+        """int [M]: a one-label set's label; empty -> -1; several -> -1, or with tie_breaking 0 if
+        p_0 > p_1 else 1."""
+        p = self.p_values(values)
+        sets = p > self.alpha
+        pred = prediction(sets)
+        if self.tie_breaking:
+            pred = np.where(sets.sum(1) > 1, np.where(p[:, 0] > p[:, 1], 0, 1), pred)
+        return pred.astype(np.int64)
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable summary (for a result cell)."""
+        return {"method": f"reference ICP (p-values, {self.score} nonconformity"
+                          f"{', tie-breaking' if self.tie_breaking else ''})",
+                "alpha": self.alpha, "n_classes": self.n_classes, "tie_breaking": self.tie_breaking,
+                "nonconformity": self.score, "n_cal": int(len(self.calibration_scores_))}

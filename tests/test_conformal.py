@@ -8,6 +8,8 @@ import pytest
 
 from evaluation.conformal import (
     ConformalClassifier,
+    ReferenceConformal,
+    acceptance_by_label,
     binary_probs,
     conformal_threshold,
     prediction,
@@ -190,3 +192,69 @@ def test_input_validation():
     cp.fit(np.full((20, 3), 1 / 3), np.arange(20) % 3)
     with pytest.raises(ValueError):
         cp.predict_sets(np.full((2, 2), 0.5))
+
+
+# ------------------------------------------------------------- the reference's procedure
+def _reference_by_hand(cal_values, cal_y, values, alpha, score, n_classes, tie_breaking):
+    """One statement and one label at a time, from the definitions (module docstring)."""
+    def nc(v, label):
+        if score == "symmetric":
+            return math.exp(-(2 * label - 1) * v)
+        others = [v[k] for k in range(len(v)) if k != label]
+        return (1.0 - (v[label] - max(others))) / 2
+    cal = [nc(v, int(t)) for v, t in zip(cal_values, cal_y)]
+    preds, all_sets = [], []
+    for v in values:
+        p = [(sum(c >= nc(v, label) for c in cal) + 1) / (len(cal) + 1) for label in range(n_classes)]
+        members = [label for label in range(n_classes) if p[label] > alpha]
+        all_sets.append([label in members for label in range(n_classes)])
+        if not members:
+            preds.append(-1)
+        elif len(members) > 1:
+            preds.append((0 if p[0] > p[1] else 1) if tie_breaking else -1)
+        else:
+            preds.append(members[0])
+    return np.array(preds), np.array(all_sets)
+
+
+@pytest.mark.parametrize("score, n_classes, tie_breaking", [("symmetric", 2, False), ("margin", 3, False),
+                                                             ("margin", 4, True)])
+def test_reference_conformal_equals_its_definition(score, n_classes, tie_breaking):
+    rng = np.random.default_rng(3)
+    if score == "symmetric":
+        y = rng.integers(0, 2, 300)
+        values = np.round(1.5 * (2 * y - 1) + rng.normal(size=300), 2)     # ties on purpose
+    else:
+        y = rng.integers(0, min(n_classes, 3), 300)                       # class 3 (abstain) never true
+        values = np.round(_synthetic(4, 300, n_classes)[0] * 0.9, 2)      # unnormalised, with ties
+        values[np.arange(300), y] += 0.05
+    cal, test = slice(0, 200), slice(200, 300)
+    cp = ReferenceConformal(score, n_classes, tie_breaking=tie_breaking).fit(values[cal], y[cal], alpha=0.1)
+    want_pred, want_sets = _reference_by_hand(values[cal], y[cal], values[test], 0.1, score, n_classes, tie_breaking)
+    assert np.array_equal(cp.predict_sets(values[test]), want_sets)
+    assert np.array_equal(cp.predict(values[test]), want_pred)
+    if tie_breaking:
+        assert (want_sets.sum(1) > 1).any() and not (cp.predict(values[test])[want_sets.sum(1) > 1] == -1).any()
+    d = json.loads(json.dumps(cp.to_dict(), allow_nan=False))
+    assert d["nonconformity"] == score and d["n_cal"] == 200 and d["tie_breaking"] is tie_breaking
+
+
+def test_reference_conformal_covers_and_rejects_bad_alpha():
+    rng = np.random.default_rng(8)
+    y = rng.integers(0, 2, 4000)
+    f = 1.0 * (2 * y - 1) + rng.normal(size=4000) * 1.5
+    for alpha in ALPHAS:
+        sets = ReferenceConformal("symmetric", 2).fit(f[:2000], y[:2000], alpha=alpha).predict_sets(f[2000:])
+        assert _coverage(sets, y[2000:]) >= 1 - alpha - 0.02
+    with pytest.raises(ValueError, match="alpha"):
+        ReferenceConformal("symmetric", 2).fit(f, y, alpha=0.0)
+    with pytest.raises(ValueError):
+        ReferenceConformal("lac", 2)
+
+
+def test_acceptance_by_label_marks_one_label_probes():
+    assert acceptance_by_label(np.array([1, 1, -1, 1]), 2) == {"accepted_per_label": {"0": 0, "1": 3},
+                                                               "single_label_accepted": True}
+    out = acceptance_by_label(np.array([0, 2, -1, 2]), 3)
+    assert out["accepted_per_label"] == {"0": 1, "1": 0, "2": 2} and not out["single_label_accepted"]
+    assert not acceptance_by_label(np.array([-1, -1]), 2)["single_label_accepted"]

@@ -18,8 +18,10 @@ import torch
 from sklearn.metrics import matthews_corrcoef, roc_auc_score
 
 from experiments.bench.bench_samil import blas_one_thread, package_fit_and_score
+from probes.features import Features
 from probes.samil import (
     SAwMIL,
+    SAwMILProbe,
     fit_linear_svm,
     hinge_objective,
     last_k_candidates,
@@ -137,8 +139,8 @@ def test_end_to_end_auroc_vs_package(record_property):
     cand = last_k_candidates(otr, k=2).numpy()
     s_pkg, t_pkg = package_fit_and_score(Xtr, otr, ytr, cand, Xte, ote, C, eta)
     t0 = time.perf_counter()
-    # same C, eta and candidates; c_scaling="none" is the package's stage-3 C
-    ours = SAwMIL(C=C, eta=eta, c_scaling="none").fit(Xtr, otr, ytr, candidates=cand)
+    # same C, eta and candidates; c_scaling="none", stage3_weights="none" are the package's stage 3
+    ours = SAwMIL(C=C, eta=eta, c_scaling="none", stage3_weights="none").fit(Xtr, otr, ytr, candidates=cand)
     t_ours = time.perf_counter() - t0
     auc_pkg = roc_auc_score(yte, s_pkg)
     auc_ours = roc_auc_score(yte, ours.decision_function(Xte, ote))
@@ -207,15 +209,48 @@ def test_planted_mcc_at_zero():
 def test_c_scaling_and_objective_helper():
     X, off, y, _, _ = make_planted_bags(80, 32, shift=4.0, seed=2)
     T = len(X)
-    a = SAwMIL(C=2.0, c_scaling="per_instance").fit(X, off, y)
-    b = SAwMIL(C=2.0 / T, c_scaling="none").fit(X, off, y)
-    # stage 1 differs (it uses C itself), so compare stage 3 with the same labels
+    a = SAwMIL(C=2.0, c_scaling="per_instance", stage3_weights="none").fit(X, off, y)
+    b = SAwMIL(C=2.0 / T, c_scaling="none", stage3_weights="none").fit(X, off, y)
+    # stage 1 differs (it uses C itself), so compare stage 3 with the same labels (unweighted)
     assert a.c_effective_ == pytest.approx(2.0 / T)
     y3 = a.instance_labels_
     r = fit_linear_svm(X, y3, 2.0 / T)
     assert torch.allclose(r.coef, a.coef_, atol=1e-8)
     assert a.objective(X, y3, 2.0 / T) == pytest.approx(a.fit_info_["stage3"]["objective"], rel=1e-10)
     assert b.c_effective_ == pytest.approx(2.0 / T)
+    # balanced (default): C_i = c T / (2 T_y), the same problem with per-instance weights
+    w = SAwMIL(C=2.0).fit(X, off, y)
+    n_pos = int(w.instance_labels_.sum())
+    c_i = torch.where(w.instance_labels_, 2.0 / (2 * n_pos), 2.0 / (2 * (T - n_pos))).double()
+    assert float(c_i.mean()) == pytest.approx(2.0 / T)
+    r = fit_linear_svm(X, w.instance_labels_, c_i)
+    assert torch.allclose(r.coef, w.coef_, atol=1e-8)
+    assert w.objective(X, w.instance_labels_, c_i) == pytest.approx(w.fit_info_["stage3"]["objective"], rel=1e-10)
+
+
+def test_weak_signal_stage3_does_not_collapse(record_property):
+    """Weak planted signal, all tokens: ~3.5 % of the instances are positive after relabelling and the
+    unweighted stage-3 optimum is w = 0, b = -1 (certified); the balanced default is not degenerate and
+    ranks test bags at least as well as the leftover direction of the collapsed fit."""
+    (Xtr, otr, ytr), (Xte, ote, yte) = _train_test(500, 500, 64, shift=2.0, seed=0)
+    flat = SAwMIL(stage3_weights="none").fit(Xtr, otr, ytr)
+    fixed = SAwMIL().fit(Xtr, otr, ytr)
+    pos_share = float(flat.instance_labels_.double().mean())
+    auc_flat = roc_auc_score(yte, flat.decision_function(Xte, ote))
+    auc_fixed = roc_auc_score(yte, fixed.decision_function(Xte, ote))
+    _report(record_property, "weak_signal_stage3",
+            f"positives {pos_share:.3f}; unweighted |w| {float(flat.coef_.norm()):.2e} b {flat.intercept_:.4f} "
+            f"AUROC {auc_flat:.3f}; balanced |w| {float(fixed.coef_.norm()):.3f} AUROC {auc_fixed:.3f}")
+    assert pos_share < 0.05
+    assert flat.degenerate_ and float(flat.coef_.norm()) < 1e-6 and flat.intercept_ == pytest.approx(-1.0, abs=1e-4)
+    gap = flat.fit_info_["stage3"]
+    assert gap["converged"] and gap["duality_gap"] <= 1e-6 * gap["objective"]   # a certified optimum
+    assert not fixed.degenerate_ and float(fixed.coef_.norm()) > 0.1
+    assert auc_fixed >= auc_flat
+    # the probe records it (so does every result cell, as cell["degenerate"])
+    bags = Features(torch.as_tensor(Xtr), torch.as_tensor(otr))
+    assert SAwMILProbe(C=1.0, stage3_weights="none", accelerator="cpu").fit(bags, ytr).params()["degenerate"]
+    assert not SAwMILProbe(C=1.0, accelerator="cpu").fit(bags, ytr).params()["degenerate"]
 
 
 def test_input_validation():
@@ -226,5 +261,7 @@ def test_input_validation():
         SAwMIL().fit(X, off, np.zeros_like(y))       # a single class
     with pytest.raises(ValueError):
         SAwMIL(c_scaling="bogus").fit(X, off, y)    # sklearn-style: checked in fit
+    with pytest.raises(ValueError, match="stage3_weights"):
+        SAwMIL(stage3_weights="inverse").fit(X, off, y)
     with pytest.raises(RuntimeError):
         SAwMIL().decision_function(X, off)

@@ -238,6 +238,77 @@ def test_reference_folder_layout_and_row_checks(synthetic, tmp_path):
         run(zs_config(f"scores={tmp_path / 'holes.npy'}", *common, f"results_dir={tmp_path}"))
 
 
+PUBLISHED = ROOT / "tests" / "fixtures" / "trilemma_zero_shot" / "default" / "_llama-3.1-8b"
+# (MCC, W-MCC, acceptance) of Llama-3.1-8B-Instruct, its published scores, the reference split's test rows, as
+# the reference's notebooks/metrics4zeroshot.ipynb computes them (argmax; MulticlassICP(n_classes=4))
+REFERENCE_NUMBERS = {
+    "city_locations": {"argmax": (0.6669, 0.6669, 1.0), "conformal+reference": (0.5630, 0.5630, 1.0)},
+    "med_indications": {"argmax": (0.3627, 0.3627, 1.0), "conformal+reference": (0.3725, 0.3725, 1.0)},
+    "word_definitions": {"argmax": (0.1968, 0.1968, 1.0), "conformal+reference": (0.1967, 0.1967, 1.0)},
+}
+
+
+@pytest.mark.parametrize("datapack", sorted(REFERENCE_NUMBERS))
+def test_published_scores_give_the_reference_numbers(datapack, tmp_path):
+    run(zs_config(f"scores={PUBLISHED}", "model.name=llama-3.1-8b-instruct", f"data={datapack}", "split=reference",
+                  "conformal=reference", "tasks=[multiclass]", "n_boot=10", f"results_dir={tmp_path}"))
+    for mode, want in REFERENCE_NUMBERS[datapack].items():
+        cell = json.loads((tmp_path / "llama-3.1-8b-instruct" / datapack / f"zero_shot_default_{mode}" / "multiclass"
+                           / "reference" / "layer=none" / "seed=0.json").read_text())
+        m = cell["metrics"]
+        assert (round(m["mcc"], 4), round(m["wmcc"], 4), round(m["acceptance"], 4)) == want
+        assert sum(m["accepted_per_label"].values()) == m["n_accepted"]
+    assert cell["conformal"]["n_classes"] == 4 and cell["conformal"]["tie_breaking"] is True
+
+
+def _copy_published(dest: Path, sources: dict[str, str]) -> Path:
+    """A score folder whose <name>/ holds the published files of sources[name]."""
+    for name, source in sources.items():
+        (dest / name).mkdir(parents=True)
+        for f in ("scores.npy", "targets.npy"):
+            (dest / name / f).write_bytes((PUBLISHED / source / f).read_bytes())
+    return dest
+
+
+def test_misordered_or_short_score_folders_are_refused(tmp_path):
+    common = ["model.name=llama-3.1-8b-instruct", "split=reference", "modes=[argmax]", "tasks=[multiclass]",
+              "n_boot=10", f"results_dir={tmp_path / 'results'}"]
+
+    def refused(spec, data, match):
+        with pytest.raises(ZeroShotError, match=match) as err:
+            run(zs_config(f"scores={spec}", f"data={data}", *common))
+        assert "\n" not in str(err.value)
+
+    city, synth = "city_locations", "city_locations_synthetic"
+    msg = "has 1752 rows but source file city_locations.csv has 5500"
+    refused(_copy_published(tmp_path / "swapped", {city: synth, synth: city}), city, msg)   # the city files swapped
+    refused(f"[{PUBLISHED / synth / 'scores.npy'},{PUBLISHED / city / 'scores.npy'}]", city, msg)  # a list, misordered
+    short = _copy_published(tmp_path / "short", {m: m for m in ("med_indications", "med_indications_synthetic")})
+    np.save(short / "med_indications" / "scores.npy", np.load(short / "med_indications" / "scores.npy")[:-1])
+    refused(short, "med_indications", "has 5902 rows but source file med_indications.csv has 5903")
+    # equal lengths swapped (word_types / word_synonyms: 2000 rows each): targets.npy catches it
+    words = {w: w for w in ("word_instances", "word_types_synthetic", "word_instances_synthetic",
+                            "word_synonyms_synthetic")}
+    crossed = _copy_published(tmp_path / "crossed", {**words, "word_types": "word_synonyms",
+                                                     "word_synonyms": "word_types"})
+    refused(crossed, "word_definitions", "word_types/targets.npy does not match the `correct` column of word_types.csv")
+    refused(f"[{PUBLISHED / 'word_types' / 'scores.npy'},{PUBLISHED / 'word_synonyms' / 'scores.npy'}]",
+            "word_definitions", "2 score files for 6 source files")
+
+
+def test_existing_zero_shot_cells_are_kept_unless_overwrite(synthetic, tmp_path):
+    _, _, _, scores, folder = synthetic
+    common = ["model.name=synthetic-model", "split=reference", "modes=[argmax]", "tasks=[multiclass]", "n_boot=10",
+              f"results_dir={tmp_path}"]
+    [path] = run(zs_config(f"scores={folder / 'scores.npy'}", *common))
+    before = path.read_text()
+    flipped = tmp_path / "flipped.npy"
+    np.save(flipped, scores[:, ::-1].copy())
+    assert run(zs_config(f"scores={flipped}", *common)) == [path] and path.read_text() == before
+    run(zs_config(f"scores={flipped}", *common, "overwrite=true"))
+    assert path.read_text() != before
+
+
 @pytest.mark.slow  # two interpreter starts (torch, transformers, lightning): slow on a busy machine
 def test_cli_evaluates_a_score_file_and_reports_errors_in_one_line(synthetic, tmp_path):
     _, _, _, _, folder = synthetic

@@ -10,7 +10,13 @@ neither group masses normalised to sum to one. Two modes:
   abstain group wins;
 - ``conformal``: split-conformal sets (:class:`evaluation.conformal.ConformalClassifier`, alpha,
   optionally Mondrian) calibrated on the calibration rows of ``split=``; abstain on empty or
-  multi-label sets.
+  multi-label sets. With ``conformal=reference`` the reference's procedure instead
+  (:class:`evaluation.conformal.ReferenceConformal`): multiclass has four classes (abstain is class
+  3), the margin score on the UNNORMALISED group masses, p-values, and tie-breaking that turns a
+  multi-label set into 0 or 1 (``p_0 > p_1``); a set {3} is an accepted prediction 3, so it enters
+  MCC and acceptance as the reference counts it. Binary tasks (the reference evaluates zero-shot
+  only as multiclass) use the same procedure on the task's two class probabilities. These cells go
+  to ``zero_shot_<enumeration>_conformal+reference``.
 
 Both are evaluated on the split's test rows (:func:`evaluation.metrics.evaluate`: MCC, W-MCC,
 acceptance, AUROC, ...). Tasks: ``multiclass`` and, from the same probabilities,
@@ -24,7 +30,11 @@ abstention). One cell per (enumeration, mode, task), written with
 
 Any ``N x 7`` file can be evaluated the same way (``scores=``), e.g. the reference's published
 ``outputs/probes/prompt/<variation>/<model>/<file>/scores.npy`` (one file per source CSV; give
-the folder ``.../<variation>/<model>`` or the files in datapack order).
+the folder ``.../<variation>/<model>`` or the files in datapack order). Each file's row count must
+equal its source file's, and a ``targets.npy`` beside a ``scores.npy`` (the reference writes the
+source's ``correct`` column there) must equal that column: files in the wrong order are refused.
+Existing cells are kept unless ``overwrite=true`` (which also recomputes a computed score file;
+``scores=<that file> overwrite=true`` re-evaluates only).
 """
 from __future__ import annotations
 
@@ -34,20 +44,23 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.cells import cell_path, write_cell
-from evaluation.conformal import ConformalClassifier, binary_probs, prediction
+from evaluation.conformal import (ConformalClassifier, ReferenceConformal, acceptance_by_label, binary_probs,
+                                  prediction)
 from evaluation.metrics import ABSTAIN, evaluate, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
-from extract.statements import FALSE, NEITHER, TRUE
+from extract.statements import DATA_DIR, FALSE, NEITHER, TRUE
 from zero_shot.prompts import get_enumeration
 from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores, load_table
 
 log = logging.getLogger(__name__)
 
 MODES = ("argmax", "conformal")
+CONFORMAL = ("lac", "reference")
 # 0-based option columns of each group; group order = class codes 0 false, 1 true, 2 neither, then abstain
 GROUPS = (("false", (1,)), ("true", (0,)), ("neither", (2, 3)), ("abstain", (4, 5)))
 ABSTAIN_GROUP = 3
@@ -111,11 +124,18 @@ def resolve_score_files(spec, table) -> list[Path]:
 def load_scores(files: list[Path], table) -> np.ndarray:
     """Concatenate score files -> float32 [N, 7] aligned with the datapack's rows.
 
-    A row of NaN is a statement that was not scored (limit, rows=heldout); any other NaN, an
-    inf, a negative option probability or a row count other than the datapack's is refused.
+    One file for the whole datapack, or one per source file in datapack order: each file's rows
+    must number its source's, and a `targets.npy` beside a file must equal its source's `correct`
+    column. A row of NaN is a statement that was not scored (limit, rows=heldout); any other NaN,
+    an inf or a negative option probability is refused.
     """
+    counts = table["source_file"].value_counts(sort=False)
+    per_file = ", ".join(f"{k} {v}" for k, v in counts.items())
+    if len(files) not in (1, len(counts)):
+        raise ZeroShotError(f"{len(files)} score files for {len(counts)} source files ({per_file}): give one "
+                            "file for the whole datapack or one per source file, in this order")
     parts = []
-    for f in files:
+    for i, f in enumerate(files):
         try:
             a = np.load(f, allow_pickle=False)
         except (OSError, ValueError) as err:
@@ -123,10 +143,15 @@ def load_scores(files: list[Path], table) -> np.ndarray:
         if a.ndim != 2 or a.shape[1] != N_COLUMNS:
             raise ZeroShotError(f"{f}: expected an N x {N_COLUMNS} array (six options + remaining mass), "
                                 f"got shape {a.shape}")
+        if len(files) == len(counts):  # one file per source: check it against its source
+            source = counts.index[i]
+            if a.shape[0] != counts.iloc[i]:
+                raise ZeroShotError(f"{f} has {a.shape[0]} rows but source file {source} has {counts.iloc[i]} "
+                                    f"({per_file}): give one file per source file, in this order")
+            _check_targets(Path(f).with_name("targets.npy"), source)
         parts.append(a.astype(np.float32))
     scores = np.concatenate(parts)
     if scores.shape[0] != len(table):
-        per_file = ", ".join(f"{k} {v}" for k, v in table["source_file"].value_counts(sort=False).items())
         raise ZeroShotError(f"scores have {scores.shape[0]} rows but the datapack has {len(table)} "
                             f"({per_file}): give one file per source file, in this order")
     nan = np.isnan(scores)
@@ -135,6 +160,27 @@ def load_scores(files: list[Path], table) -> np.ndarray:
     if np.nanmin(scores[:, :6], initial=0.0) < -1e-3:
         raise ZeroShotError(f"{files[0]}: scores contain negative probabilities")
     return np.where(nan, np.nan, np.clip(scores, 0.0, None)).astype(np.float32)
+
+
+def _check_targets(path: Path, source: str) -> None:
+    """A `targets.npy` (the reference's copy of the source's `correct` column) must equal that column
+    of the vendored source file; nothing to check without either."""
+    source_path = DATA_DIR / source
+    if not path.is_file() or not source_path.is_file():
+        return
+    raw = pd.read_csv(source_path, dtype=str, keep_default_na=False)
+    if "correct" not in raw:
+        return
+    correct = raw["correct"].str.strip().str.lower().isin(["true", "1"]).to_numpy()
+    try:
+        targets = np.load(path, allow_pickle=False).ravel().astype(bool)
+    except (OSError, ValueError) as err:
+        raise ZeroShotError(f"{path}: not a readable .npy file ({str(err).splitlines()[0]})") from None
+    if targets.shape != correct.shape or not np.array_equal(targets, correct):
+        differ = int((targets != correct).sum()) if targets.shape == correct.shape else "all"
+        raise ZeroShotError(f"{path} does not match the `correct` column of {source} ({differ} of {len(correct)} "
+                            "rows differ): these scores belong to another source file; give the files in "
+                            "datapack order")
 
 
 def _sha256_file(path: Path) -> str:
@@ -148,11 +194,7 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
     conformal, calibration row) of the task must be scored, except that with limit=N only
     the split's rows among the first N statements are used.
     """
-    modes = [cfg.modes] if isinstance(cfg.modes, str) else list(cfg.modes)
-    tasks = [cfg.tasks] if isinstance(cfg.tasks, str) else list(cfg.tasks)
-    for m in modes:
-        if m not in MODES:
-            raise ZeroShotError(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
+    modes, tasks = _modes_tasks(cfg)
     scored = ~np.isnan(scores).any(1)
     limit = int(cfg.limit) if cfg.get("limit") else len(table)
     split = make_split(table, **cfg.split)
@@ -180,21 +222,35 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
         probs = probs_all[rows]
         test, cal = parts["test"], parts["calibration"]
         for mode in modes:
-            conformal, sets = None, None
+            path = zero_shot_cell_path(cfg, mode, task)
+            if path.exists() and not cfg.overwrite:
+                log.info("%s exists (overwrite=true recomputes it)", path)
+                paths.append(path)
+                continue
+            conformal, sets, cell_probs = None, None, probs[test]
             if mode == "argmax":
                 pred = argmax_all[rows][test]
+            elif cfg.conformal.name == "reference":
+                # multiclass: the four unnormalised group masses (abstain = class 3); binary: the task's probabilities
+                values = group_masses(filled)[rows].astype(np.float64) if task == "multiclass" else probs
+                conformal = ReferenceConformal("margin", values.shape[1], tie_breaking=True).fit(values[cal], y[cal],
+                                                                                                alpha=cfg.alpha)
+                sets, pred = conformal.predict_sets(values[test]), conformal.predict(values[test])
+                total = values[test].sum(1, keepdims=True)
+                cell_probs = np.where(total > 0, values[test] / np.where(total > 0, total, 1.0), 1.0 / values.shape[1])
             else:
                 conformal = ConformalClassifier().fit(probs[cal], y[cal], alpha=cfg.alpha, mondrian=cfg.mondrian)
                 sets = conformal.predict_sets(probs[test])
                 pred = prediction(sets)
-            metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot,
+            metrics = evaluate(y[test], pred, cell_probs, sets=sets, seed=cfg.seed, n_boot=cfg.n_boot,
                                groups=resampling_groups(cfg.bootstrap, groups[rows[test]]))
+            metrics.update(acceptance_by_label(pred, cell_probs.shape[1]))
+            name = zero_shot_method(cfg, mode)
             cell = {
                 # probe / task / layer as in the probes' cells, so a report can treat both alike
-                "config": {**config, "probe": {"name": f"zero_shot_{cfg.enumeration}_{mode}"},
-                           "task": {"name": task}, "layer": None},
-                "method": {"name": f"zero_shot_{cfg.enumeration}_{mode}", "enumeration": cfg.enumeration,
-                           "mode": mode, "task": task,
+                "config": {**config, "probe": {"name": name}, "task": {"name": task}, "layer": None},
+                "method": {"name": name, "enumeration": cfg.enumeration, "mode": mode, "task": task,
+                           "conformal": cfg.conformal.name if mode == "conformal" else None,
                            "groups": {g: [c + 1 for c in cols] for g, cols in GROUPS}},
                 "metrics": metrics,
                 "conformal": conformal.to_dict() if conformal is not None else None,
@@ -205,7 +261,7 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
                 "test": {"rows": test.tolist(), "table_rows": rows[test].tolist(), "y": y[test].tolist(),
                          "groups": groups[rows[test]].tolist(),
                          "scores": scores[rows[test]].astype(float).tolist(),
-                         "probs": probs[test].tolist(), "pred": pred.tolist(),
+                         "probs": cell_probs.tolist(), "pred": pred.tolist(),
                          "sets": sets.astype(int).tolist() if sets is not None else None},
             }
             if mode == "argmax":  # no calibration involved: the same rule on every scored row of the task
@@ -213,8 +269,6 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
                 cell["metrics_all_scored_rows"] = evaluate(y[ok], argmax_all[rows][ok], probs[ok], seed=cfg.seed,
                                                            groups=resampling_groups(cfg.bootstrap, groups[rows[ok]]),
                                                            n_boot=cfg.n_boot)
-            path = cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, f"zero_shot_{cfg.enumeration}_{mode}",
-                             task, split.kind, None, cfg.seed)
             write_cell(path, cell)
             paths.append(path)
             if task == "multiclass":
@@ -223,10 +277,41 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
     return paths
 
 
+def _modes_tasks(cfg: DictConfig) -> tuple[list[str], list[str]]:
+    """The requested modes and tasks, checked (with the conformal procedure)."""
+    modes = [cfg.modes] if isinstance(cfg.modes, str) else list(cfg.modes)
+    tasks = [cfg.tasks] if isinstance(cfg.tasks, str) else list(cfg.tasks)
+    for m in modes:
+        if m not in MODES:
+            raise ZeroShotError(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
+    if cfg.conformal.name not in CONFORMAL:
+        raise ZeroShotError(f"conformal={cfg.conformal.name!r}: use lac or reference")
+    if cfg.conformal.name == "reference" and cfg.mondrian:
+        raise ZeroShotError("mondrian=true has no counterpart in conformal=reference: use one of them")
+    return modes, tasks
+
+
+def zero_shot_method(cfg: DictConfig, mode: str) -> str:
+    """zero_shot_<enumeration>_<mode>, +reference for the sets of conformal=reference."""
+    suffix = "+reference" if mode == "conformal" and cfg.conformal.name == "reference" else ""
+    return f"zero_shot_{cfg.enumeration}_{mode}{suffix}"
+
+
+def zero_shot_cell_path(cfg: DictConfig, mode: str, task: str) -> Path:
+    return cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, zero_shot_method(cfg, mode), task,
+                     cfg.split.kind, None, cfg.seed)
+
+
 def run(cfg: DictConfig) -> list[Path]:
     """`python -m zero_shot`: compute (or resume, or reuse) the scores, then write the cells;
-    with `scores=...` evaluate those files instead of running the model."""
+    with `scores=...` evaluate those files instead of running the model. Existing cells are kept
+    (nothing is scored when every requested cell exists) unless overwrite=true."""
     get_enumeration(cfg.enumeration)
+    modes, tasks = _modes_tasks(cfg)
+    existing = [zero_shot_cell_path(cfg, m, t) for t in tasks for m in modes]
+    if cfg.get("evaluate", True) and not cfg.overwrite and all(p.exists() for p in existing):
+        log.info("all %d cells exist (overwrite=true recomputes them)", len(existing))
+        return existing
     table = load_table(cfg)
     if cfg.get("scores"):
         files = resolve_score_files(cfg.scores, table)

@@ -168,8 +168,9 @@ def compare_with_package(n_bags: int, dim: int = 576, C: float = 0.1, eta: float
     Xte, ote, yte = split_bags(X, off, y, np.arange(n_bags, n_bags + n_test))
     cand = last_k_candidates(otr, k=2).numpy()
     print(f"[{n_bags} bags, {len(Xtr)} tokens, dim {dim}; C={C}, eta={eta}; test {n_test} bags]", flush=True)
-    same = fit_and_measure(Xtr, otr, ytr, candidates=cand, C=C, eta=eta, c_scaling="none", device=device)
-    same1 = fit_and_measure(Xtr, otr, ytr, candidates=cand, C=C, eta=eta, c_scaling="none",
+    same = fit_and_measure(Xtr, otr, ytr, candidates=cand, C=C, eta=eta, c_scaling="none",
+                          stage3_weights="none", device=device)
+    same1 = fit_and_measure(Xtr, otr, ytr, candidates=cand, C=C, eta=eta, c_scaling="none", stage3_weights="none",
                             device=device, num_threads=1)
     dflt = fit_and_measure(Xtr, otr, ytr, device=device)
     auc_ours = bag_auroc(yte, same["model"].decision_function(Xte, ote))

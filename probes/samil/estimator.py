@@ -19,6 +19,8 @@ from probes.base import ProbeError, check_choice
 from probes.samil.bags import as_tensor, bag_index, check_offsets, last_k_candidates, matvec, segment_max
 from probes.samil.solver import fit_linear_svm, hinge_objective
 
+DEGENERATE_NORM = 1e-4   # ||w|| at or below this: the fit is degenerate (scores = intercept + float noise)
+
 
 class SAwMIL(BaseEstimator):
     """Sparse-aware multiple-instance SVM (sAwMIL), linear, solved in the primal in PyTorch.
@@ -70,10 +72,17 @@ class SAwMIL(BaseEstimator):
     Stage 3 -- instance SVM on the relabelled instances (all ``T`` of them)::
 
         min_{w,b} 0.5||w||^2 + sum_i C_i max(0, 1 - y_i (w.x_i + b)),  y_i in {-1,+1}
-        C_i = C / T   (c_scaling="per_instance", default)   or   C   (c_scaling="none")
+        C_i = c * T / (2 T_{y_i})   (stage3_weights="balanced", default)   or   c   ("none")
+        c   = C / T   (c_scaling="per_instance", default)   or   C   (c_scaling="none")
 
-      No class weighting (neither the reference nor the package uses one).
-      Bag score: ``max_{x in B} w.x + b`` (:meth:`decision_function`).
+      ``T_{y_i}`` is the number of instances labelled like ``i``; the balanced weights average
+      to ``c`` (sklearn's "balanced" rule), so C keeps its meaning.  Why balanced: after
+      relabelling only a few per cent of the instances are positive (~3.5 % on planted bags with
+      k = 2, all tokens), and for a weak signal the unweighted optimum is exactly ``w = 0,
+      b = -1`` (every instance negative, objective ``2 c T_+``), whatever C, so no C grid can
+      rescue it.  ``"none"`` is the reference's and the ``sawmil`` package's unweighted stage 3.
+      A fit with ``||w|| <= DEGENERATE_NORM`` sets ``degenerate_`` (its scores are the
+      intercept plus float noise).  Bag score: ``max_{x in B} w.x + b`` (:meth:`decision_function`).
 
     C scaling default -- ``"per_instance"``: it is what the Trilemma reference
     code runs (misvm ``SVM.fit`` with ``scale_C=True`` divides C by the number of
@@ -103,6 +112,7 @@ class SAwMIL(BaseEstimator):
     eta : float or None    stage-2 fraction of positive-bag instances labelled positive.
     k : int                default candidates: the last ``k`` instances of every bag.
     c_scaling : {"per_instance", "none"}   stage-3 C scaling (see above).
+    stage3_weights : {"balanced", "none"}  stage-3 class weights (see above).
     min_pos_ratio : float  stage-2 fallback threshold (reference: 0.05).
     fallback : {"candidates", "any"}  what the stage-2 fallback labels (see above).
     max_iter : int         Newton-step budget per stage.
@@ -119,18 +129,20 @@ class SAwMIL(BaseEstimator):
     coef_ ``[d]`` float64 tensor, intercept_ float  -- the stage-3 (final) model;
     stage1_coef_ ``[d]``, stage1_intercept_          -- the sMIL model;
     eta_ float (effective), eta_target_ float (used for the cutoff), cutoff_ float,
-    n_selected_ int, fallback_used_ bool, c_effective_ float (stage-3 C_i),
+    n_selected_ int, fallback_used_ bool, c_effective_ float (stage-3 c before class weights),
+    degenerate_ bool (``||coef_|| <= DEGENERATE_NORM``),
     fit_info_ dict (timings, iterations, duality gaps, objectives per stage).
     """
 
     def __init__(self, C: float = 1.0, eta: float | None = None, k: int = 2,
-                 c_scaling: str = "per_instance", min_pos_ratio: float = 0.05, fallback: str = "candidates",
-                 max_iter: int = 300, tol: float = 1e-6, device=None, seed: int = 0,
+                 c_scaling: str = "per_instance", stage3_weights: str = "balanced", min_pos_ratio: float = 0.05,
+                 fallback: str = "candidates", max_iter: int = 300, tol: float = 1e-6, device=None, seed: int = 0,
                  num_threads: int | None = None):
         self.C = C
         self.eta = eta
         self.k = k
         self.c_scaling = c_scaling
+        self.stage3_weights = stage3_weights
         self.min_pos_ratio = min_pos_ratio
         self.fallback = fallback
         self.max_iter = max_iter
@@ -142,6 +154,7 @@ class SAwMIL(BaseEstimator):
     def check_params(self) -> "SAwMIL":
         """Validate the constructor arguments (called by `fit`; a probe calls it at construction)."""
         check_choice("c_scaling", self.c_scaling, ("per_instance", "none"))
+        check_choice("stage3_weights", self.stage3_weights, ("balanced", "none"))
         check_choice("fallback", self.fallback, ("candidates", "any"))
         for name in ("C", "min_pos_ratio", "tol"):
             value = getattr(self, name)
@@ -263,9 +276,15 @@ class SAwMIL(BaseEstimator):
         # ---------------- stage 3: instance SVM ----------------
         c3 = float(self.C) / T if self.c_scaling == "per_instance" else float(self.C)
         self.c_effective_ = c3
-        r3 = fit_linear_svm(X, y3, c3, None, **solver_kw)
+        if self.stage3_weights == "balanced":   # (positive, negative) weights, mean 1 over the T instances
+            class_weight = (T / (2.0 * self.n_selected_), T / (2.0 * (T - self.n_selected_)))
+            c3_i = torch.where(y3 > 0, c3 * class_weight[0], c3 * class_weight[1])
+        else:
+            class_weight, c3_i = (1.0, 1.0), c3
+        r3 = fit_linear_svm(X, y3, c3_i, None, **solver_kw)
         self.coef_ = r3.coef
         self.intercept_ = r3.intercept
+        self.degenerate_ = bool(float(r3.coef.norm()) <= DEGENERATE_NORM)
         t3 = time.perf_counter()
         self.n_features_in_ = d
         self.fit_info_ = dict(
@@ -274,7 +293,8 @@ class SAwMIL(BaseEstimator):
                         converged=r1.converged, seconds=t1 - t0, history=r1.info["history"]),
             stage2=dict(seconds=t2 - t1),
             stage3=dict(objective=r3.objective, duality_gap=r3.duality_gap, n_iter=r3.n_iter,
-                        converged=r3.converged, seconds=t3 - t2, history=r3.info["history"]),
+                        converged=r3.converged, seconds=t3 - t2, history=r3.info["history"],
+                        class_weight=class_weight, coef_norm=float(r3.coef.norm())),
             seconds=t3 - t_start,
         )
         return self

@@ -19,22 +19,27 @@ class SAwMILProbe(Probe):
     real-data AUROC falls to chance). C is chosen from `Cs` by grouped cross-validation on the
     training bags (folds never split a group of statements sharing an entity; each fold standardised
     on its own training part), by held-out bag AUROC; `C` fixes it instead. `tokens` chooses the
-    bag's tokens ("statement" or "all"); the other arguments are those of `SAwMIL`. Runs on the
-    accelerator's device ("auto": CUDA if present).
+    bag's tokens ("statement" or "all"); the other arguments are those of `SAwMIL` (`stage3_weights`
+    "balanced" by default, "none" = the reference's unweighted stage 3). Runs on the accelerator's
+    device ("auto": CUDA if present).
+
+    `params()["degenerate"]` is true when the final fit is degenerate: ||coef|| <= DEGENERATE_NORM
+    or every training bag gets the same score (such a probe's metrics are those of a constant).
 
     Fitted state (buffers, so `state_dict()` restores the probe): coef [d], intercept [],
     mean [d], std [d]; the bag score is max over the bag's tokens of coef . (x - mean) / std + intercept.
     """
 
     def __init__(self, C: float | None = None, Cs=(10.0, 100.0, 1000.0), cv_folds: int = 3,
-                 eta: float | None = None, k: int = 2, c_scaling: str = "per_instance", standardize: bool = True,
-                 accelerator: str = "auto", seed: int = 0, tokens: str = "statement", **solver):
+                 eta: float | None = None, k: int = 2, c_scaling: str = "per_instance",
+                 stage3_weights: str = "balanced", standardize: bool = True, accelerator: str = "auto", seed: int = 0,
+                 tokens: str = "statement", **solver):
         super().__init__()
         self._set_input("bags", tokens, representations=("bags",))
         if not isinstance(standardize, bool):
             raise ProbeError(f"standardize={standardize!r}: use true or false")
         self.C, self.Cs, self.cv_folds, self.standardize = C, tuple(Cs), cv_folds, standardize
-        self.options = dict(eta=eta, k=k, c_scaling=c_scaling, seed=seed, **solver)
+        self.options = dict(eta=eta, k=k, c_scaling=c_scaling, stage3_weights=stage3_weights, seed=seed, **solver)
         for c in (self.Cs if C is None else (C,)):
             SAwMIL(C=c, **self.options).check_params()  # bad options fail now, not at the first fit
         self.solve_device = resolve_device(accelerator)
@@ -60,9 +65,12 @@ class SAwMILProbe(Probe):
         model, self.mean, self.std = self._fit_one(C, train, y)
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
         options = {k: v for k, v in self.options.items() if isinstance(v, (int, float, str, type(None)))}
+        train_scores = self.decision_function(train)
         self._params = {**options, "eta_target": options["eta"], "C": float(C),
                         "cv_auroc": {str(c): a for c, a in cv_auroc.items()}, "eta": float(model.eta_),
                         "fallback_used": bool(model.fallback_used_), "standardize": self.standardize,
+                        "coef_norm": model.fit_info_["stage3"]["coef_norm"],
+                        "degenerate": bool(model.degenerate_ or np.ptp(train_scores) == 0.0),
                         "fit_seconds": model.fit_info_["seconds"]}
         return self
 
