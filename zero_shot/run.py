@@ -53,6 +53,7 @@ from evaluation.conformal import (ConformalClassifier, ReferenceConformal, accep
 from evaluation.metrics import ABSTAIN, evaluate, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
+from extract.errors import check_count
 from extract.statements import DATA_DIR, FALSE, NEITHER, TRUE
 from zero_shot.prompts import get_enumeration
 from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores, load_table
@@ -196,7 +197,7 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
     """
     modes, tasks = _modes_tasks(cfg)
     scored = ~np.isnan(scores).any(1)
-    limit = int(cfg.limit) if cfg.get("limit") else len(table)
+    limit = check_count(cfg.get("limit"), "limit", none_ok=True) or len(table)
     split = make_split(table, **cfg.split)
     groups = entity_groups(table)   # subject entities: the cluster-bootstrap unit
     labels = table["label"].to_numpy()
