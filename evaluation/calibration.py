@@ -25,17 +25,30 @@ class ScoreMap:
         self.mean_ = scores.mean(0)
         std = scores.std(0)
         self.scale_ = np.where(std > 0, std, 1.0)   # a constant column stays constant (0 after centring)
-        self.model_ = LogisticRegression(C=1e4, max_iter=1000).fit(self._standardise(scores), y)
+        model = LogisticRegression(C=1e4, max_iter=1000).fit(self._standardise(scores), y)
+        self.coef_, self.intercept_ = model.coef_, model.intercept_   # [1, H] / [K, H], [1] / [K]
         return self
 
     def _standardise(self, scores: np.ndarray) -> np.ndarray:
         return (np.asarray(scores, dtype=np.float64) - self.mean_) / self.scale_
 
     def predict_proba(self, scores: np.ndarray) -> np.ndarray:
-        probs = self.model_.predict_proba(self._standardise(scores))
-        return binary_probs(probs[:, 1]) if probs.shape[1] == 2 else probs
+        """[N, K]: sigmoid of the one logit (binary) or softmax of the K logits, as scikit-learn's."""
+        logits = self._standardise(scores) @ self.coef_.T + self.intercept_
+        if logits.shape[1] == 1:
+            return binary_probs(1.0 / (1.0 + np.exp(-logits[:, 0])))
+        logits -= logits.max(1, keepdims=True)
+        e = np.exp(logits)
+        return e / e.sum(1, keepdims=True)
 
     def to_dict(self) -> dict:
         """JSON-serialisable state (for a result cell): standardiser and regression coefficients."""
         return {"mean": self.mean_.tolist(), "scale": self.scale_.tolist(),
-                "coef": self.model_.coef_.tolist(), "intercept": self.model_.intercept_.tolist()}
+                "coef": self.coef_.tolist(), "intercept": self.intercept_.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScoreMap":
+        m = cls()
+        m.mean_, m.scale_ = np.asarray(d["mean"]), np.asarray(d["scale"])
+        m.coef_, m.intercept_ = np.asarray(d["coef"]), np.asarray(d["intercept"])
+        return m

@@ -308,4 +308,12 @@ class ReferenceConformal:
         return {"method": f"reference ICP (p-values, {self.score} nonconformity"
                           f"{', tie-breaking' if self.tie_breaking else ''})",
                 "alpha": self.alpha, "n_classes": self.n_classes, "tie_breaking": self.tie_breaking,
-                "nonconformity": self.score, "n_cal": int(len(self.calibration_scores_))}
+                "nonconformity": self.score, "n_cal": int(len(self.calibration_scores_)),
+                "calibration_scores": self.calibration_scores_.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReferenceConformal":
+        """Rebuild a fitted predictor from :meth:`to_dict` output."""
+        cp = cls(d["nonconformity"], d["n_classes"], d["tie_breaking"])
+        cp.alpha, cp.calibration_scores_ = float(d["alpha"]), np.asarray(d["calibration_scores"], dtype=np.float64)
+        return cp

@@ -25,6 +25,7 @@ from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
 from extract.errors import check_name
 from extract.store import ActivationStore, select_layers, store_path
+from probes.artifacts import artifact_path, save_heads
 from probes.base import Probe, ProbeError, check_choice, kfold_splits
 from probes.features import Features, layer_features
 
@@ -52,8 +53,9 @@ def train_probes(cfg: DictConfig) -> list[Path]:
         for k in tqdm(todo, desc=f"{cfg.probe.name} {cfg.task.name}", unit="layer"):
             features = layer_features(store, k, template.representation, template.tokens).subset(rows)
             features.groups = groups
-            cell = fit_and_evaluate(cfg, template, features, y, parts)
+            cell, heads = fit_and_evaluate(cfg, template, features, y, parts)
             cell.update(layer=k, split=split.summary(), store=_store_summary(store))
+            save_heads(artifact_path(paths[k]), heads)   # before the cell: a cell always has its probe
             write_cell(paths[k], cell)
     return [paths[k] for k in layers]
 
@@ -75,10 +77,11 @@ def probe_cell_path(cfg: DictConfig, layer: int) -> Path:
 
 
 def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np.ndarray,
-                     parts: dict[str, np.ndarray]) -> dict:
+                     parts: dict[str, np.ndarray]) -> tuple[dict, list[Probe]]:
     """One probe at one layer: fit on train, scores -> probabilities -> conformal sets -> metrics.
 
     One head per class (one-vs-all) for multiclass, else one head; each a fresh copy of `template`.
+    Returns the cell and the fitted heads (saved beside it by probes.artifacts).
     The score map (and the multiclass stacker) is fitted on out-of-fold training scores
     (calibration=out_of_fold: copies fitted on the grouped folds' training parts score their held-out
     parts) or on the final heads' own training scores (calibration=in_sample)."""
@@ -114,7 +117,7 @@ def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np
     degenerate = any(p.get("degenerate", False) for p in params.values()) or bool((np.ptp(scores[train], 0) == 0).any())
     config = OmegaConf.to_container(cfg, resolve=True)
     config["probe"]["name"] = method_name(cfg)  # a report tells <probe>+in_sample / +reference cells apart
-    return {
+    cell = {
         "config": {**config, "model": {"name": cfg.model.name},
                    "data": {"name": cfg.data.name}},  # the store summary records the model itself
         "method": {"name": method_name(cfg), "probe": cfg.probe.name, "calibration": cfg.calibration,
@@ -131,6 +134,7 @@ def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np
                  "scores": scores[test].tolist(),
                  "probs": probs[test].tolist(), "sets": sets.astype(int).tolist(), "pred": pred.tolist()},
     }
+    return cell, heads
 
 
 def out_of_fold_scores(template: Probe, features: Features, y: np.ndarray, train: np.ndarray, targets: list[int],

@@ -101,8 +101,8 @@ class Constant(MeanDiffProbe):
 @pytest.mark.parametrize("task", ["true_vs_all", "multiclass"])
 def test_auroc_and_map_unchanged_by_scores_times_1e7(weak_dirs, task):
     cfg, features, y, parts = _inputs(weak_dirs, task)
-    plain = fit_and_evaluate(cfg, MeanDiffProbe(), features, y, parts)
-    scaled = fit_and_evaluate(cfg, Scaled(), features, y, parts)
+    plain, _ = fit_and_evaluate(cfg, MeanDiffProbe(), features, y, parts)
+    scaled, _ = fit_and_evaluate(cfg, Scaled(), features, y, parts)
     assert scaled["metrics"]["auroc"] == plain["metrics"]["auroc"]   # from the raw scores' ranks
     assert 0.6 < plain["metrics"]["auroc"] < 1.0
     np.testing.assert_allclose(scaled["test"]["probs"], plain["test"]["probs"], atol=1e-6)
@@ -124,7 +124,7 @@ def test_score_map_standardises():
 
 def test_degenerate_and_one_label_fits_are_flagged(weak_dirs):
     cfg, features, y, parts = _inputs(weak_dirs)
-    cell = fit_and_evaluate(cfg, Constant(), features, y, parts)
+    cell, _ = fit_and_evaluate(cfg, Constant(), features, y, parts)
     m = cell["metrics"]
     assert cell["degenerate"] is True
     assert m["auroc"] == 0.5
