@@ -35,6 +35,14 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """write(binary file) into a temporary file of path's folder, fsync, then rename it over path:
     a reader sees the old file or the new one, never a part. Permissions follow the umask."""
     path = Path(path)
+    try:
+        _write_replace(path, write)
+    except OSError as err:   # no space, no permission, a file where a folder should be
+        raise CellError(f"cannot write {path} ({err.strerror or err}): free space or choose another output "
+                        "folder") from None
+
+
+def _write_replace(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=path.suffix)
     try:

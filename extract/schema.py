@@ -73,16 +73,7 @@ class ExtractSchema:
 
 def validate(cfg: DictConfig) -> DictConfig:
     """The config with every option's type and range checked (a plain DictConfig, enums as strings)."""
-    try:
-        plain = OmegaConf.to_container(cfg, resolve=True)
-        typed = OmegaConf.merge(OmegaConf.structured(ExtractSchema), _known(plain, ExtractSchema))
-    except OmegaConfBaseException as err:
-        raise config_error(err, _HINTS) from None
-    missing = sorted(OmegaConf.missing_keys(typed))
-    if missing:
-        key = missing[0]
-        raise ToolkitError(f"{key} is not set: give {_MISSING_HINTS.get(key, f'{key}=...')} on the command line")
-    checked = _update(plain, OmegaConf.to_container(typed, enum_to_str=True))
+    checked = typed_options(cfg, ExtractSchema, _HINTS, _MISSING_HINTS)
     check_count(checked["limit"], "limit", none_ok=True)
     check_count(checked["batch_tokens"], "batch_tokens")
     check_count(checked["window_mb"], "window_mb")
@@ -91,6 +82,21 @@ def validate(cfg: DictConfig) -> DictConfig:
     if checked["model"]["chat_template"] not in ("auto", True, False):
         raise ToolkitError(f"model.chat_template={checked['model']['chat_template']!r}: use auto, true or false")
     return OmegaConf.create(checked)
+
+
+def typed_options(cfg: DictConfig, schema, hints: dict | None = None, missing_hints: dict | None = None) -> dict:
+    """`cfg` as a plain dict, the keys `schema` (a dataclass) declares type-checked by OmegaConf; a
+    wrong type or a missing value is one ToolkitError line naming the option."""
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        typed = OmegaConf.merge(OmegaConf.structured(schema), _known(plain, schema))
+    except OmegaConfBaseException as err:
+        raise config_error(err, hints) from None
+    missing = sorted(OmegaConf.missing_keys(typed))
+    if missing:
+        key = missing[0]
+        raise ToolkitError(f"{key} is not set: give {(missing_hints or {}).get(key, f'{key}=...')} on the command line")
+    return _update(plain, OmegaConf.to_container(typed, enum_to_str=True))
 
 
 def _known(values: dict, schema) -> dict:

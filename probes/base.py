@@ -39,6 +39,16 @@ def check_choice(option: str, value, choices) -> str:
     return value
 
 
+def check_positive(option: str, value, integer: bool = False, allow_zero: bool = False):
+    """`value` if it is a number > 0 (>= 0 with allow_zero; a whole number with integer), else a
+    one-line ProbeError naming the option."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not (value >= 0 if allow_zero else value > 0):
+        what = "a whole number" if integer else "a number"
+        raise ProbeError(f"{option}={value!r}: use {what} {'>= 0' if allow_zero else '> 0'}")
+    return value
+
+
 class Probe(L.LightningModule):
     """Base class: subclasses set `representation` and `tokens` (via `_set_input`), implement fit /
     decision_function, and put their chosen hyperparameters in `self._params`. `state_dict()` carries

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
 from torch.utils.data import DataLoader
 
-from probes.base import (FullBatch, Probe, balanced_weights, check_choice, check_labels, draw_seed, kfold_splits,
-                         make_trainer, quiet_lightning, standardiser)
+from probes.base import (FullBatch, Probe, balanced_weights, check_choice, check_labels, check_positive, draw_seed,
+                         kfold_splits, make_trainer, quiet_lightning, standardiser)
 from probes.features import Features, statement_vectors
 
 __all__ = ["LinearProbe"]
@@ -60,6 +60,10 @@ class LinearProbe(Probe):
         self._set_input(representation, tokens)
         check_choice("loss", loss, ("logistic", "hinge"))
         check_choice("cv_metric", cv_metric, ("mcc", "log_loss"))
+        for c in ([] if C is None else [C]) + list(Cs):
+            check_positive("C" if C is not None else "Cs", c)
+        check_positive("cv_folds", cv_folds, integer=True)
+        check_positive("max_iter", max_iter, integer=True)
         self.C = None if C is None else float(C)
         self.Cs = tuple(float(c) for c in Cs)
         self.loss = loss

@@ -20,8 +20,8 @@ from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from probes.base import (FullBatch, Probe, ProbeError, balanced_weights, check_choice, check_labels, draw_seed,
-                         holdout_split, make_trainer, quiet_lightning, resize_placeholders, standardiser)
+from probes.base import (FullBatch, Probe, ProbeError, balanced_weights, check_choice, check_labels, check_positive,
+                         draw_seed, holdout_split, make_trainer, quiet_lightning, resize_placeholders, standardiser)
 from probes.features import Features, statement_vectors
 
 __all__ = ["MLPProbe"]
@@ -73,6 +73,12 @@ class MLPProbe(Probe):
         super().__init__()
         self._set_input(representation, tokens)
         check_choice("activation", activation, sorted(_ACTIVATIONS))
+        for name, value in (("hidden", hidden), ("batch_size", batch_size), ("max_epochs", max_epochs),
+                            ("patience", patience)):
+            check_positive(name, value, integer=True)
+        check_positive("depth", depth, integer=True, allow_zero=True)
+        check_positive("lr", lr)
+        check_positive("weight_decay", weight_decay, allow_zero=True)
         if not 0.0 < val_fraction < 1.0:
             raise ProbeError(f"val_fraction={val_fraction}: use a value in (0, 1)")
         self.hidden, self.depth, self.dropout = int(hidden), int(depth), float(dropout)

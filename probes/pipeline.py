@@ -28,6 +28,7 @@ from extract.store import ActivationStore, select_layers, store_path
 from probes.artifacts import artifact_path, save_heads
 from probes.base import Probe, ProbeError, check_choice, kfold_splits
 from probes.features import Features, layer_features
+from probes.schema import validate
 
 log = logging.getLogger(__name__)
 CALIBRATIONS = ("out_of_fold", "in_sample")
@@ -36,6 +37,7 @@ CONFORMAL = ("lac", "reference")
 
 def train_probes(cfg: DictConfig) -> list[Path]:
     """Run every requested layer of one (probe, task); returns the cell paths (existing ones kept)."""
+    cfg = validate(cfg)         # types and ranges of the run's options, before any work
     template = make_probe(cfg)  # bad probe options fail here, even if every cell exists
     method_name(cfg)            # so do bad calibration / conformal choices
     store = ActivationStore(store_path(cfg.store_dir, cfg.model.name, cfg.data.name))

@@ -228,3 +228,29 @@ def test_a_failing_multirun_job_does_not_stop_the_others(tmp_path):
     again = subprocess.run(command[:-1] + [f"hydra.sweep.dir={tmp_path / 'sweep2'}"], cwd=ROOT, capture_output=True,
                            text=True)
     assert again.returncode == 1 and done.stat().st_mtime_ns == stamp   # the finished cell was kept
+
+
+BAD_OPTIONS = [  # issue 10, item 11: option -> the words the one error line must contain
+    (["seed=1.5"], "seed"), (["seed=abc"], "seed"), (["split_seed=x"], "split_seed"), (["n_boot=0"], "n_boot=0"),
+    (["n_boot=-5"], "n_boot=-5"), (["probe.C=-1"], "C=-1"), (["mondrian=maybe"], "mondrian"),
+    (["probe=mlp", "probe.hidden=0"], "hidden=0"), (["alpha=2"], "alpha=2"), (["layer=[]"], "layer=[]"),
+    (["layer=1.5"], "layer=1.5"), (["bootstrap=both"], "bootstrap"), (["calibration=maybe"], "calibration"),
+]
+
+
+def test_bad_train_probe_options_give_one_line_and_write_nothing(synthetic_dirs, tmp_path):
+    cases = BAD_OPTIONS + ([] if __import__("torch").cuda.is_available() else [(["trainer.accelerator=gpu"], "no GPU")])
+    procs = []
+    for i, (args, needle) in enumerate(cases):
+        results = tmp_path / f"results{i}"
+        procs.append((subprocess.Popen(
+            [sys.executable, "-m", "train_probe", "model.name=synthetic", f"store_dir={synthetic_dirs / 'activations'}",
+             f"results_dir={results}", f"hydra.run.dir={tmp_path / 'logs' / str(i)}", "layer=1", "probe=linear", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), args, needle, results))
+        if len(procs) % 4 == 0:
+            procs[-4][0].wait()
+    for proc, args, needle, results in procs:
+        _, err = proc.communicate()
+        errors = [line for line in err.splitlines() if "ERROR" in line]
+        assert proc.returncode == 1 and len(errors) == 1 and needle in errors[0], (args, err[-1500:])
+        assert "Traceback" not in err and not results.exists(), args
