@@ -65,12 +65,17 @@ def layer_features(store: ActivationStore, layer: int, representation: str, toke
     kinds = TOKEN_KINDS[tokens]
     if representation == "bags":
         X, offsets = store.bags(layer, kinds)
-        return Features(torch.from_numpy(X), torch.from_numpy(offsets))
-    if representation == "last":
-        return Features(torch.from_numpy(store.last_token(layer, kinds)))
-    if representation == "mean":
-        return Features(torch.from_numpy(store.mean(layer, kinds)))
-    raise ToolkitError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+        features = Features(torch.from_numpy(X), torch.from_numpy(offsets))
+    elif representation == "last":
+        features = Features(torch.from_numpy(store.last_token(layer, kinds)))
+    elif representation == "mean":
+        features = Features(torch.from_numpy(store.mean(layer, kinds)))
+    else:
+        raise ToolkitError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+    if not bool(torch.isfinite(features.X).all()):
+        raise ToolkitError(f"{store.path}: layer {layer} holds NaN or inf values: re-extract it (overwrite=true), "
+                           "with dtype=float32 if it overflowed")
+    return features
 
 
 def statement_vectors(data: Features, representation: str) -> torch.Tensor:

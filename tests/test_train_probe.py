@@ -254,3 +254,17 @@ def test_bad_train_probe_options_give_one_line_and_write_nothing(synthetic_dirs,
         errors = [line for line in err.splitlines() if "ERROR" in line]
         assert proc.returncode == 1 and len(errors) == 1 and needle in errors[0], (args, err[-1500:])
         assert "Traceback" not in err and not results.exists(), args
+
+
+def test_a_store_holding_nan_is_refused_in_one_line(tmp_path):
+    import h5py
+
+    store = make_synthetic_store(tmp_path / "activations", n_real=200, n_neither=100)
+    with h5py.File(store, "r+") as f:
+        f["layers/1"][0:50] = np.nan   # covers some last statement tokens (the rows the probe reads)
+    result = subprocess.run([sys.executable, "-m", "train_probe", "model.name=synthetic", "layer=1", "probe=mean_diff",
+                             f"store_dir={tmp_path / 'activations'}", f"results_dir={tmp_path / 'results'}",
+                             f"hydra.run.dir={tmp_path / 'logs'}"], cwd=ROOT, capture_output=True, text=True)
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert result.returncode == 1 and len(errors) == 1 and "NaN or inf" in errors[0], result.stderr[-1500:]
+    assert not (tmp_path / "results").exists()
