@@ -15,38 +15,43 @@ import torch
 from torch import nn
 
 from extract.models import ModelError, decoder_layers
-from extract.store import KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE
+from extract.store import KIND_CONTEXT, KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE
 
 _SLOT = "\ue000truthprobe-statement\ue001"  # stands for the statement while the template is rendered
 
 
 def render(tokenizer, statement: str, use_chat_template: bool,
-           system_prompt: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+           system_prompt: str | None = None, context: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Token ids int64 [n] and kinds int8 [n] of one statement's model input.
 
-    With a chat template the statement is the user turn (no generation prompt, as in the reference
-    code) and the template alone decides the special tokens (so BOS is never doubled); without one
-    the tokenizer adds its usual special tokens. Kind: statement text where a token's character
-    offsets overlap the statement's characters, special for the tokenizer's special ids,
-    chat-template text otherwise. Where the statement sits in the rendered text is learnt by
-    rendering the template around a placeholder (never by searching the statement's text, which
+    The user's content is `context + statement` (context "" for none). With a chat template it is
+    the user turn (no generation prompt, as in the reference code) and the template alone decides
+    the special tokens (so BOS is never doubled); without one the tokenizer adds its usual special
+    tokens. Kind: statement text where a token's character offsets overlap the statement's
+    characters, special for the tokenizer's special ids, context text where they overlap the
+    context's, chat-template text otherwise. Where the content sits in the rendered text is learnt
+    by rendering the template around a placeholder (never by searching the statement's text, which
     may also occur in the template).
     """
+    content = context + statement
     if use_chat_template:
-        text, around = _chat(tokenizer, statement, system_prompt), _around(tokenizer, system_prompt)
+        text, around = _chat(tokenizer, content, system_prompt), _around(tokenizer, system_prompt)
         start = len(around[0])
-        if len(around) != 2 or text != around[0] + statement + around[1]:
+        if len(around) != 2 or text != around[0] + content + around[1]:
             raise ModelError("the chat template changes or repeats the user's text, so the statement's tokens "
                              "cannot be located: set model.chat_template=false")
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     else:
-        text, start = statement, 0
+        text, start = content, 0
         enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int64)
     spans = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     special = np.isin(ids, tokenizer.all_special_ids)
-    in_statement = (spans[:, 0] < start + len(statement)) & (spans[:, 1] > start) & ~special
-    kinds = np.where(in_statement, KIND_STATEMENT, np.where(special, KIND_SPECIAL, KIND_TEMPLATE))
+    begin = start + len(context)  # the statement's first character
+    in_statement = (spans[:, 0] < begin + len(statement)) & (spans[:, 1] > begin) & ~special
+    in_context = (spans[:, 0] < begin) & (spans[:, 1] > start) & ~special & ~in_statement
+    kinds = np.select([in_statement, special, in_context], [KIND_STATEMENT, KIND_SPECIAL, KIND_CONTEXT],
+                      KIND_TEMPLATE)
     return ids, kinds.astype(np.int8)
 
 

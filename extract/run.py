@@ -40,8 +40,9 @@ def extract(cfg: DictConfig) -> Path:
         table = table.iloc[: cfg.limit].reset_index(drop=True)
     loaded = load_model(cfg.model)
     layers = select_layers(cfg.layers, loaded.n_layers)
-    rendered = [render(loaded.tokenizer, s, loaded.use_chat_template, loaded.system_prompt)
-                for s in tqdm(table["statement"], desc="tokenize", unit="stmt", leave=False, disable=None)]
+    rendered = [render(loaded.tokenizer, s, loaded.use_chat_template, loaded.system_prompt, context=c)
+                for s, c in tqdm(zip(table["statement"], table["context"]), total=len(table), desc="tokenize",
+                                 unit="stmt", leave=False, disable=None)]
     _check_inputs(table, rendered, loaded.max_positions, data.statement_column)
     token_ids = [ids for ids, _ in rendered]
     attrs = {

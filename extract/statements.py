@@ -9,6 +9,10 @@ Every loader returns the same table (a pandas DataFrame, one row per statement, 
     negation     bool  the statement is negated
     source_file  str   file (or dataset split) the row came from
     source_row   int   0-based data row inside that file
+    context      str   text put before the statement in the same model input ("" for none), e.g. a
+                       question or a misleading claim; its tokens are stored as kind "context", so
+                       the statement's own tokens are what probes read (a CSV may give a `context`
+                       column; it is used as written, so end it with a space or newline)
 
 Labels are derived from two columns only (see data/trilemma/README.md): neither when
 `real_object` is false, otherwise true / false from `correct`. A user CSV may instead give an
@@ -37,7 +41,7 @@ DATAPACKS = {
 }
 DATAPACKS["all"] = [f for files in DATAPACKS.values() for f in files]
 HF_DATASET = "carlomarxx/trilemma-of-truth"
-COLUMNS = ["statement", "label", "object_1", "object_2", "negation", "source_file", "source_row"]
+COLUMNS = ["statement", "label", "object_1", "object_2", "negation", "source_file", "source_row", "context"]
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
 
 
@@ -120,6 +124,7 @@ def _to_table(raw: pd.DataFrame, name: str, statement_column: str,
         "negation": negation,
         "source_file": name,
         "source_row": np.arange(len(raw), dtype=np.int64),
+        "context": raw["context"].to_numpy() if "context" in raw else "",
     }, columns=COLUMNS)
 
 

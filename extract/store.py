@@ -14,9 +14,12 @@ Layout (schema_version 1; readable with plain h5py, see README "Store layout"):
     /statements/negation    bool   [N]
     /statements/source_file str    [N]
     /statements/source_row  int64  [N]
+    /statements/context     str    [N]   text before the statement in the same input ("" for none;
+                                         absent in stores made before it: read as "")
     /tokens/offsets         int64  [N+1] statement i owns token rows offsets[i]:offsets[i+1]
     /tokens/ids             int64  [T]
-    /tokens/kind            int8   [T]   0 = special token, 1 = chat-template text, 2 = statement text
+    /tokens/kind            int8   [T]   0 = special token, 1 = chat-template text, 2 = statement text,
+                                         3 = context text
     /layers/<k>             [T, hidden] float16 | float32 | uint16 (bfloat16 bits, attr dtype)
 
 Layer k: 0 = embedding output, 1..L = residual stream after decoder block k (no final norm).
@@ -45,11 +48,11 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 TOOLKIT_VERSION = "0.1.0"
-KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT = 0, 1, 2
+KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT, KIND_CONTEXT = 0, 1, 2, 3
 STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
 TORCH_STORED = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 CHUNK_BYTES = 1 << 20
-_TEXT_COLUMNS = ["text", "object_1", "object_2", "source_file"]
+_TEXT_COLUMNS = ["text", "object_1", "object_2", "source_file", "context"]
 
 
 class StoreError(ToolkitError):
@@ -138,7 +141,8 @@ def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], t
         s = f.create_group("statements")
         text = table.rename(columns={"statement": "text"})
         for col in _TEXT_COLUMNS:
-            s.create_dataset(col, data=text[col].astype(str).to_numpy(dtype=object),
+            values = text[col] if col in text else pd.Series("", index=text.index)  # a table without context
+            s.create_dataset(col, data=values.astype(str).to_numpy(dtype=object),
                              dtype=h5py.string_dtype())
         s.create_dataset("label", data=table["label"].to_numpy(dtype=np.int8))
         s.create_dataset("negation", data=table["negation"].to_numpy(dtype=bool))
@@ -335,7 +339,8 @@ class ActivationStore:
     def table(self) -> pd.DataFrame:
         """Per-statement metadata, one row per statement (columns as in extract.statements)."""
         s = self.file["statements"]
-        data = {col: s[col].asstr()[:] for col in _TEXT_COLUMNS}
+        n = len(s["label"])  # stores written before the context column have none: ""
+        data = {col: s[col].asstr()[:] if col in s else np.full(n, "", dtype=object) for col in _TEXT_COLUMNS}
         data.update(label=s["label"][:].astype(np.int64), negation=s["negation"][:],
                     source_row=s["source_row"][:])
         return pd.DataFrame(data).rename(columns={"text": "statement"})

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from extract.errors import ToolkitError
-from extract.store import KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore
+from extract.store import KIND_CONTEXT, KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore
 
 REPRESENTATIONS = ("last", "mean", "bags")
-TOKEN_KINDS = {"statement": (KIND_STATEMENT,), "all": (KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT)}
+TOKEN_KINDS = {"statement": (KIND_STATEMENT,), "all": (KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT, KIND_CONTEXT)}
 
 
 @dataclass

@@ -23,7 +23,7 @@ from extract.errors import ToolkitError
 from extract.models import decoder_layers, load_model
 from extract.run import extract
 from extract.statements import StatementsError, load_statements
-from extract.store import KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError, StoreWriter
+from extract.store import KIND_CONTEXT, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError, StoreWriter
 from tests.conftest import extract_config
 from zero_shot.scoring import scored_rows
 
@@ -323,3 +323,32 @@ def test_token_kinds_come_from_offsets_not_text_search(statement):
     assert np.flatnonzero(kinds == KIND_STATEMENT).tolist() == list(range(before, before + len(own)))
     assert ids[kinds == KIND_STATEMENT].tolist() == own
     assert tok.decode(ids[kinds == KIND_TEMPLATE]) == "user:  (end)"
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_context_tokens_are_marked_and_statement_tokens_unchanged(chat):
+    """A context before the statement (ending in a newline) gets kind context; the statement keeps
+    exactly the token ids it has without the context, marked as statement."""
+    tok = load_model(extract_config("model=tiny").model).tokenizer
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + ' (end)' }}{% endfor %}"
+    statement, context = "Paris is in France.", "3 of 5 people said that Paris is in Spain.\n"
+    clean_ids, clean_kinds = render(tok, statement, chat)
+    ids, kinds = render(tok, statement, chat, context=context)
+    assert ids[kinds == KIND_STATEMENT].tolist() == clean_ids[clean_kinds == KIND_STATEMENT].tolist()
+    assert tok.decode(ids[kinds == KIND_CONTEXT]) == context
+    assert np.array_equal(np.flatnonzero(kinds == KIND_STATEMENT),
+                          np.arange(len(ids))[np.flatnonzero(kinds == KIND_CONTEXT)[-1] + 1:][
+                              : int((kinds == KIND_STATEMENT).sum())])
+
+
+def test_context_column_is_stored_and_read_back(tmp_path):
+    csv = tmp_path / "ctx.csv"
+    csv.write_text('statement,label,context\n"Paris is in France.",1,"Q: where is Paris?\nA: "\n'
+                   '"Rome is in Spain.",0,\n')
+    path = extract(extract_config("model=tiny", "data=csv", f"data.path={csv}", "data.name=ctx",
+                                  "data.label_column=label", f"store_dir={tmp_path / 's'}", "layers=[1]"))
+    with ActivationStore(path) as store:
+        assert store.table["context"].tolist() == ["Q: where is Paris?\nA: ", ""]
+        kinds = store.token_kind[store.offsets[0]:store.offsets[1]]
+        assert (kinds == KIND_CONTEXT).any()
+        assert not (store.token_kind[store.offsets[1]:] == KIND_CONTEXT).any()
