@@ -265,3 +265,42 @@ def test_input_validation():
         SAwMIL(stage3_weights="inverse").fit(X, off, y)
     with pytest.raises(RuntimeError):
         SAwMIL().decision_function(X, off)
+
+
+def test_merged_duplicates_same_solution():
+    """Identical tokens enter each SVM once with their C summed (the fast path): the same optimum as
+    the plain solve on every row, stage 1 and stage 3, to the solver's certificate."""
+    X, off, y, _, _ = make_planted_bags(120, 32, shift=4.0, seed=4)
+    X = X.copy()
+    X[off[:-1]] = X[0]                                    # every statement opens with the same token
+    X[off[:-1] + 1] = X[1]                                # ... and the same second token
+    m = SAwMIL(C=10.0).fit(X, off, y)
+    T = len(X)
+    assert m.fit_info_["n_distinct"] == T - 2 * (len(y) - 1)
+    # stage 3: the plain problem on all T rows, same labels and balanced weights
+    lab = m.instance_labels_
+    n_pos = int(lab.sum())
+    c_i = torch.where(lab, 10.0 / (2 * n_pos), 10.0 / (2 * (T - n_pos))).to(torch.float64)
+    full = fit_linear_svm(X, lab, c_i)
+    P_fast = m.objective(X, lab, c_i)
+    assert full.converged and m.fit_info_["stage3"]["converged"]
+    assert abs(P_fast - full.objective) <= 1e-6 * full.objective
+    assert P_fast == pytest.approx(m.fit_info_["stage3"]["objective"], rel=1e-10)
+    s_fast = m.instance_decision_function(X)
+    s_full = torch.as_tensor(X, dtype=torch.float64) @ full.coef + full.intercept
+    assert float((s_fast - s_full).abs().max()) <= 1e-4 * float(s_full.abs().max())
+    # stage 1: the plain sMIL problem (every negative instance a row, positive bags by their mean)
+    Xt = torch.as_tensor(X, dtype=torch.float64)
+    inst_pos = torch.as_tensor(np.repeat(y, np.diff(off)) > 0)
+    means = torch.stack([Xt[off[i]:off[i + 1]].mean(0) for i in np.flatnonzero(y > 0)])
+    lens = torch.as_tensor(np.diff(off)[y > 0], dtype=torch.float64)
+    L_neg, N_pos = int((~inst_pos).sum()), int((y > 0).sum())
+    Z = torch.cat([Xt[~inst_pos], means])
+    y1 = torch.cat([-torch.ones(L_neg), torch.ones(N_pos)]).double()
+    c1 = torch.cat([torch.full((L_neg,), 10.0 / L_neg, dtype=torch.float64),
+                    torch.full((N_pos,), 10.0 / N_pos, dtype=torch.float64)])
+    rho1 = torch.cat([torch.ones(L_neg, dtype=torch.float64), (2.0 - lens) / lens])
+    full1 = fit_linear_svm(Z, y1, c1, rho1)
+    P1_fast = hinge_objective(Z, y1, c1, m.stage1_coef_, m.stage1_intercept_, rho1)
+    assert abs(P1_fast - full1.objective) <= 1e-6 * full1.objective
+    assert P1_fast == pytest.approx(m.fit_info_["stage1"]["objective"], rel=1e-10)

@@ -10,7 +10,8 @@ One run prints:
      /proc/self/clear_refs; CUDA peak when fitted on a GPU);
   3. with --store: our fit on every training bag of a real store (entity-disjoint
      training split, true_vs_all, statement tokens standardised as the probe does,
-     at --layer and --C): time, memory and test bag AUROC.
+     at --layer and --C): time, memory and test bag AUROC; then the probe's fit with C
+     chosen by grouped CV over its default grid (skip with --skip-cv).
 
 Usage:  python experiments/bench/bench_samil.py [--sizes 250 500] [--big 5000]
         [--skip-package] [--device cuda] [--store activations/smollm2/city_locations.h5]
@@ -215,30 +216,50 @@ def big_fit(n_bags: int = 5000, dim: int = 576, seed: int = 1, device=None, n_te
     return out
 
 
-def real_fit(store_path: str, layer: int, C: float, device=None):
-    """sAwMIL on every training bag of a store (true_vs_all, entity-disjoint split, seed 0)."""
+def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True):
+    """sAwMIL on every training bag of a store (true_vs_all, entity-disjoint split, seed 0).
+
+    Prints one fit at ``C`` (time, memory, test bag AUROC) and, with ``cv``, the probe's fit with C
+    chosen by grouped CV over its default grid (``SAwMILProbe().Cs``, ``cv_folds`` folds + the final fit).
+    """
     from extract.store import ActivationStore
     from probes.base import standardiser
     from evaluation.tasks import task_targets
     from probes.features import layer_features
-    from evaluation.splits import make_split
+    from evaluation.splits import entity_groups, make_split
+    from probes.samil import SAwMILProbe
 
     store = ActivationStore(store_path)
     table = store.table
     rows, y = task_targets(table["label"].to_numpy(), "true_vs_all")
     split = make_split(table, kind="entity_disjoint", seed=0)
-    features = layer_features(store, layer, "bags").subset(rows)
+    features = layer_features(store, layer, "bags")
+    features.groups = entity_groups(table)
+    features = features.subset(rows)
     in_train, in_test = np.flatnonzero(np.isin(rows, split.train)), np.flatnonzero(np.isin(rows, split.test))
     train, test = features.subset(in_train), features.subset(in_test)
     y_train, y_test = y[in_train], y[in_test]
     mean, std = standardiser(train.X)
     out = fit_and_measure((train.X - mean) / std, train.offsets, y_train, C=C, device=device)
     m = out["model"]
-    print(f"[{store_path} layer {layer}: {out['n_bags']} training bags, {out['n_tokens']} tokens, C={C}]")
-    print(f"  fit wall {out['seconds']:.1f} s (target < 60 s), peak RSS during fit {out['peak_rss_mb']:.0f} MiB, "
-          f"added by the fit {out['peak_increment_mb']:.0f} MiB (target < 2048 MiB); eta_ {m.eta_:.3f}, "
-          f"fallback {m.fallback_used_}; test bag AUROC "
-          f"{bag_auroc(y_test, m.decision_function((test.X - mean) / std, test.offsets)):.3f}")
+    info = m.fit_info_
+    print(f"[{store_path} layer {layer}: {out['n_bags']} training bags, {out['n_tokens']} tokens "
+          f"({info['n_distinct']} distinct), C={C}]")
+    print(f"  one fit {out['seconds']:.2f} s (target <= 2 s; stage 1 {info['stage1']['seconds']:.2f} s, "
+          f"stage 3 {info['stage3']['seconds']:.2f} s), peak RSS during fit {out['peak_rss_mb']:.0f} MiB, "
+          f"added by the fit {out['peak_increment_mb']:.0f} MiB; eta_ {m.eta_:.3f}, fallback {m.fallback_used_}; "
+          f"test bag AUROC {bag_auroc(y_test, m.decision_function((test.X - mean) / std, test.offsets)):.3f}")
+    print(f"  duality gap / objective: stage 1 {info['stage1']['duality_gap'] / info['stage1']['objective']:.1e}, "
+          f"stage 3 {info['stage3']['duality_gap'] / info['stage3']['objective']:.1e} (tol {m.tol:.0e})", flush=True)
+    if cv:
+        probe = SAwMILProbe(accelerator="cpu" if device is None else str(device))
+        t0 = time.perf_counter()
+        probe.fit(train, y_train)
+        seconds = time.perf_counter() - t0
+        p = probe.params()
+        print(f"  C by {probe.cv_folds}-fold grouped CV over {list(probe.Cs)} + final fit: {seconds:.1f} s; "
+              f"chosen C {p['C']:g} (CV AUROC {p['cv_auroc']}); test bag AUROC "
+              f"{bag_auroc(y_test, probe.decision_function(test)):.3f}", flush=True)
     return out
 
 
@@ -252,6 +273,7 @@ def main(argv=None):
     ap.add_argument("--store", default=None, help="also fit every training bag of this store")
     ap.add_argument("--layer", type=int, default=16)
     ap.add_argument("--C", type=float, default=100.0)
+    ap.add_argument("--skip-cv", action="store_true", help="with --store: no C-by-CV fit")
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -263,7 +285,7 @@ def main(argv=None):
         if args.device is None or torch.device(args.device).type == "cpu":
             big_fit(args.big, args.dim, device=args.device, num_threads=1)
     if args.store:
-        real_fit(args.store, args.layer, args.C, device=args.device)
+        real_fit(args.store, args.layer, args.C, device=args.device, cv=not args.skip_cv)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -76,3 +76,39 @@ def matvec(X: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     for s in range(0, X.shape[0], CHUNK_ROWS):
         out[s:s + CHUNK_ROWS] = X[s:s + CHUNK_ROWS].to(torch.float64) @ w
     return out
+
+
+def unique_rows(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Groups of identical rows of ``X [T, d]``: ``(rows [U], inverse [T])``.
+
+    ``rows[g]`` is one row of group ``g`` and ``inverse[t]`` the group of row ``t``, so
+    ``X[rows][inverse]`` equals ``X`` exactly.  Rows are ordered by a random-projection hash
+    and a group starts wherever the hash or the row itself differs from the previous one, so
+    no two different rows ever share a group (a hash tie of different rows, or identical rows
+    whose hashes round differently, only leaves identical rows in separate groups).
+    Causal LM activations repeat a lot (every statement opening with the same words has the same
+    prefix activations): 41 604 SmolLM2 city_locations training tokens hold 17 780 distinct rows.
+    """
+    T, d = X.shape
+    r = torch.randn(d, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(X.device, X.dtype)
+    h, order = torch.sort(X @ r, stable=True)
+    new = torch.ones(T, dtype=torch.bool, device=X.device)
+    for s in range(1, T, CHUNK_ROWS):
+        e = min(T, s + CHUNK_ROWS)
+        blk = X.index_select(0, order[s - 1:e])                            # rows s-1 .. e-1 in hash order
+        new[s:e] = (h[s:e] != h[s - 1:e - 1]) | (blk[1:] != blk[:-1]).any(1)
+    group = torch.cumsum(new, 0) - 1                                       # [T] in hash order
+    inverse = torch.empty_like(group)
+    inverse[order] = group
+    return order[new], inverse
+
+
+def bag_sums(Xu: torch.Tensor, inverse: torch.Tensor, bag: torch.Tensor, n_bags: int) -> torch.Tensor:
+    """Per-bag sums ``[N, d]`` of rows ``Xu[inverse]`` (``Xu [U, d]``, ``inverse [T]``, ``bag [T]``).
+
+    Chunked, so the ``[T, d]`` rows are never materialised at once.
+    """
+    out = torch.zeros(n_bags, Xu.shape[1], dtype=Xu.dtype, device=Xu.device)
+    for s in range(0, inverse.numel(), CHUNK_ROWS):
+        out.index_add_(0, bag[s:s + CHUNK_ROWS], Xu.index_select(0, inverse[s:s + CHUNK_ROWS]))
+    return out

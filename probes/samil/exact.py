@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 IPM_FULL_N = 4096    # interior point on all examples up to this many
+STALL_ROUNDS = 6     # polish gives up after this many rounds without fewer KKT violations
 
 
 def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60,
@@ -52,6 +53,7 @@ def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60
     eps_u = 1e-9 * max(1.0, float(rho.abs().max()))
     ws = ((u > -working_set) & (u < mu + working_set)) | F if working_set > 0 else torch.ones_like(F)
     rounds = 0
+    best_viol, best_round = 1 << 62, 0
     while rounds < max_rounds:
         w_idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
         Xw = X if w_idx.numel() == n else X.index_select(0, w_idx)
@@ -89,8 +91,13 @@ def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60
             if not (bool(lam_neg.any()) or bool(lam_big.any()) or bool(add.any())):
                 ok = True
                 break
-            # damped primal-dual active-set update
             n_add = int(add.sum())
+            n_viol = n_add + int(lam_neg.sum()) + int(lam_big.sum())
+            if n_viol < best_viol:
+                best_viol, best_round = n_viol, rounds
+            elif rounds - best_round >= STALL_ROUNDS:
+                return None    # cycling: the partition guess is too far off
+            # damped primal-dual active-set update
             k = max(1, int(move_frac * max(m, 10)))
             if n_add > k:
                 add = torch.zeros_like(add)
@@ -156,8 +163,8 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
                   abs(R2) / (1.0 + abs(gb) + float(c.sum())),
                   float(R3.abs().max()) / (1.0 + float(c.max())),
                   float(R4.abs().max()) / (1.0 + float(rho.abs().max())))
-        if comp <= gap_target and res <= 1e-10:
-            break
+        if comp <= gap_target and res <= 1e-8:
+            break   # (the certificate is exact whatever the residual; ill-conditioned late steps can raise it)
         D = 1.0 / (xi / s + r / a)
         # early iterations only need a rough direction: float32 normal matrix while
         # the complementarity is far from the target (D is mildly spread there)
@@ -211,14 +218,20 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     return w, float(b), torch.minimum(torch.clamp(a, min=0.0), c), it
 
 
-def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max_rounds: int = 4):
-    """Interior point on the examples nearest the margin, the others held fixed.
+def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max_rounds: int = 4,
+                               move_frac: float = 0.25):
+    """Interior point on the examples nearest the margin, the others held fixed, then a polish.
 
     The working set is the ``K = max(2 (d+1), 3 |band|)`` examples with ``u``
     closest to the band ``(0, mu)`` (all examples if that is most of them); the
-    others keep ``alpha = c`` (``u >= mu/2``) or ``alpha = 0``.  A full pass checks
-    them; violators join the set and the IPM reruns (at most ``max_rounds``).
-    Returns ``(w, b, alpha [n], iterations, |set|)`` or None.
+    others keep ``alpha = c`` (``u >= mu/2``) or ``alpha = 0``.  The interior solution tells
+    the partition (on the margin: ``|u| < 1e-6``) and a polish on all examples from it lands
+    on the exact vertex solution, also when a few examples outside the set were held on the
+    wrong side (it moves them).  Only when that polish fails do the outside examples on the
+    wrong side of the margin join the set (with the 20 % of the others nearest the margin) for
+    another round (at most ``max_rounds``).
+    Returns ``(w, b, alpha [n], iterations, |set|, polished)`` (the polish's solution when it
+    settled, else the interior one of a round without violators) or None.
     """
     n, d = X.shape
     band_n = int(((u > 0) & (u < mu)).sum())
@@ -230,19 +243,23 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
         ws[torch.topk(-(u - 0.5 * mu).abs(), K).indices] = True
     at_c = ~ws & (u >= 0.5 * mu)
     its = 0
+    delta = 1e-6
     for _ in range(max_rounds):
         cy_far = torch.where(at_c & ~ws, c * y, torch.zeros_like(c))
         g_far = torch.cat([X.T @ cy_far, cy_far.sum().reshape(1)])
         idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
         w_i, b_i, a_w, k = interior_point(X.index_select(0, idx), y[idx], c[idx], rho[idx], g_far, w, b,
-                                0.1 * gap_target)
+                                          0.1 * gap_target)
         its += k
         u_all = rho - y * (X @ w_i + b_i)
+        pol = polish(X, y, c, rho, u_all + delta, 2 * delta, working_set=0.0, max_rounds=10, move_frac=move_frac)
+        if pol is not None:
+            return pol[0], pol[1], pol[2], its, int(ws.sum()), True
         bad = ~ws & ((at_c & (u_all < 0)) | (~at_c & (u_all > 0)))
         if not bool(bad.any()):
             a = torch.where(at_c & ~ws, c, torch.zeros_like(c))
             a[idx] = a_w
-            return w_i, b_i, a, its, int(ws.sum())
+            return w_i, b_i, a, its, int(ws.sum()), False
         # grow the set: the violators plus the outside examples now nearest the margin
         # (+20 %), so that a rerun rarely finds new violators
         ws |= bad

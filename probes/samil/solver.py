@@ -94,8 +94,9 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
        (Mehrotra predictor-corrector, ``(d+1)``-sized normal equations) solves the
        problem restricted to the examples nearest the margin (all of them when
        ``n <= exact.IPM_FULL_N`` and they are most of the problem), the others held at
-       ``alpha = 0`` or ``c`` and checked by a full pass; a polish from its
-       partition then returns the exact vertex solution.  It runs after the first
+       ``alpha = 0`` or ``c``; a polish on all examples from its partition returns the
+       exact vertex solution, and when it does not settle the examples held on the wrong
+       side join the set for another round.  It runs after the first
        level when ``n <= exact.IPM_FULL_N``, else after the second.
     4. Certificate.  The exact-hinge duality gap ``P(w, b) - D(alpha)``,
        ``D(alpha) = sum_i rho_i alpha_i - 0.5 ||sum_i alpha_i y_i x_i||^2`` with a
@@ -176,19 +177,12 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
             # the active-set guess did not settle: interior point on the examples near
             # the margin (all of them when n is small), robust to degeneracy/conditioning
             t_ipm = time.perf_counter()
-            res = exact.interior_point_working_set(X, y, c, rho, u, mu, w, b, tol * max(abs(P), 1e-12))
+            res = exact.interior_point_working_set(X, y, c, rho, u, mu, w, b, tol * max(abs(P), 1e-12),
+                                                   move_frac=MOVE_FRAC)
             rec["ipm_seconds"] = time.perf_counter() - t_ipm
             if res is not None:
-                w_i, b_i, a_i, its, n_ws = res
-                converged = certify(w_i, b_i, a_i, "ipm", ipm_iter=its, ipm_set=n_ws)
-                # the interior solution tells the partition (on the margin: |u| < 1e-6);
-                # a polish from it lands on the exact (vertex) solution
-                delta = 1e-6
-                u_i = rho - y * (X @ w_i + b_i)
-                pol = exact.polish(X, y, c, rho, u_i + delta, 2 * delta, working_set=0.0, max_rounds=10,
-                              move_frac=MOVE_FRAC)
-                if pol is not None:
-                    converged = certify(*pol[:3], "polish", polish_rounds=pol[3]) or converged
+                w_i, b_i, a_i, its, n_ws, polished = res
+                converged = certify(w_i, b_i, a_i, "polish" if polished else "ipm", ipm_iter=its, ipm_set=n_ws)
         rec["seconds"] = time.perf_counter() - t_begin
         history.append(rec)
         if converged or n_iter >= max_iter or mu <= mu_min:
