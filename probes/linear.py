@@ -7,9 +7,24 @@ Objective (per fit, on standardised features z_i, labels t_i in {-1, +1}, sample
 
 with l(m) = log(1 + exp(-m)) (logistic) or max(0, 1 - m)^2 (squared hinge). This is sklearn's
 `LogisticRegression(C=C)` objective divided by C * n, so it has the same minimiser; the bias is not
-penalised. Solved full-batch with L-BFGS (strong Wolfe line search) inside a `lightning.Trainer`.
+penalised. Each cross-validation fit standardises on its fold's training part and balances the
+classes of that part.
+
+Solver: every fit of a `fit` call (each fold of the cross-validation and the final fit on all
+training statements) at every C of the grid is solved in ONE `lightning.Trainer` fit, batched:
+all fits are written in one coordinate system (the final fit's standardisation; a fold's own
+standardisation is an affine map of it, which changes the penalty to a per-feature one and leaves
+the minimiser the same), and solved along increasing C, each C warm-started from the previous one's
+solutions, by truncated Newton: exact gradients and Hessian-vector products, each Newton step solved
+by conjugate gradients preconditioned with the Cholesky factors [fits, d+1, d+1] of each fit's
+Hessian taken with the final fit's curvature at the warm start (one Gram matrix per C for all fits),
+Armijo backtracking on each fit. The squared hinge uses its generalised Hessian (curvature 2 where
+the margin is below 1), which jumps as the support set changes, so it takes exact Newton steps: each
+fit's own Hessian, factored at every iteration.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -23,11 +38,24 @@ from probes.features import Features, statement_vectors
 
 __all__ = ["LinearProbe"]
 
+_ARMIJO = 1e-4     # sufficient-decrease constant of the backtracking line search
+_HALVINGS = 40     # backtracking steps before a Newton step is given up for this iteration
+_JITTER = 1e-10    # relative diagonal jitter of the preconditioner (the bias has no penalty)
+
 
 def _margin_loss(margin: torch.Tensor, loss: str) -> torch.Tensor:
     if loss == "logistic":
         return F.softplus(-margin)
     return torch.clamp(1.0 - margin, min=0.0).square()
+
+
+def _loss_derivatives(margin: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """l'(m) and l''(m) elementwise (for the squared hinge, its generalised second derivative)."""
+    if loss == "logistic":
+        p = torch.sigmoid(-margin)
+        return -p, p * (1.0 - p)
+    slack = torch.clamp(1.0 - margin, min=0.0)
+    return -2.0 * slack, 2.0 * (slack > 0).to(margin.dtype)
 
 
 class LinearProbe(Probe):
@@ -44,11 +72,15 @@ class LinearProbe(Probe):
         cv_metric: "log_loss" (class-balanced held-out loss: log-loss, or squared hinge for
             loss="hinge"; smooth, the default) or "mcc" (held-out MCC at threshold 0, ties -> lower
             held-out loss). Both are reported by `params()`.
-        max_iter: L-BFGS iterations per optimiser step; max_epochs: optimiser steps (a further
-            step continues only when max_iter was reached).
-        tol: L-BFGS gradient tolerance.
+        max_iter: Newton iterations per C and optimiser step; max_epochs: optimiser steps (a further
+            step continues only the fits that reached max_iter).
+        tol: a fit has converged when its preconditioned gradient (about its distance to the
+            minimiser, in standardised-weight units) is below tol in every coordinate.
         accelerator: passed to the Trainer ("auto", "cpu", "gpu").
         seed: seed of the fold assignment; None -> drawn from torch's global generator.
+
+    After a cross-validated `fit`, `cv_scores_` (float64 [len(Cs), N]) holds the held-out decision
+    values of the training statements at each grid C (NaN for statements no fold held out).
     """
 
     def __init__(self, C: float | None = None, Cs=(0.001, 0.01, 0.1, 1.0, 10.0), loss: str = "logistic",
@@ -64,6 +96,8 @@ class LinearProbe(Probe):
             check_positive("C" if C is not None else "Cs", c)
         check_positive("cv_folds", cv_folds, integer=True)
         check_positive("max_iter", max_iter, integer=True)
+        check_positive("max_epochs", max_epochs, integer=True)
+        check_positive("tol", tol)
         self.C = None if C is None else float(C)
         self.Cs = tuple(float(c) for c in Cs)
         self.loss = loss
@@ -79,93 +113,130 @@ class LinearProbe(Probe):
         self.register_buffer("std", torch.ones(0))
         self.weight = torch.nn.Parameter(torch.zeros(0))
         self.bias = torch.nn.Parameter(torch.zeros(()))
-        self._C_fit = 1.0
         self._params: dict = {}
 
-    # -- Lightning hooks (one full-batch L-BFGS fit) -------------------------------------------
-    # Manual optimisation: each training step is one L-BFGS `step` (up to `max_iter` iterations with
-    # line search) on the full batch; a plain closure keeps the per-evaluation overhead small.
+    # -- Lightning hooks: the whole path of batched Newton solves in one Trainer fit ---------------
+    # Each training step (one per epoch) solves every fit at every C of `_path_Cs`; a further epoch
+    # continues only the (C, fit) pairs that stopped at max_iter, and none runs once all converged.
     automatic_optimization = False
 
-    def _objective(self, Z: torch.Tensor, t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        n = Z.shape[0]
-        margin = t * (Z @ self.weight + self.bias)
-        return (s * _margin_loss(margin, self.loss)).sum() / n + self.weight.square().sum() / (2.0 * self._C_fit * n)
-
-    def training_step(self, batch, batch_idx):
-        Z, t, s = batch
-        opt = self.optimizers()
-
-        def closure():
-            opt.zero_grad()
-            value = self._objective(Z, t, s)
-            self.manual_backward(value)
-            return value
-
-        value = opt.step(closure=closure)
-        return value.detach()
-
     def configure_optimizers(self):
-        return torch.optim.LBFGS([self.weight, self.bias], lr=1.0, max_iter=self.max_iter,
-                                 history_size=20, tolerance_grad=self.tol, tolerance_change=1e-10,
-                                 line_search_fn="strong_wolfe")
+        return None
 
-    def _solve(self, Z: torch.Tensor, y: np.ndarray, s: np.ndarray, C: float,
-               w0: torch.Tensor | None = None, b0: float = 0.0) -> tuple[torch.Tensor, float, int]:
-        """Minimise the objective on standardised Z (float32 [n, d]); returns (w, b, iterations)."""
-        d = Z.shape[1]
-        self._C_fit = float(C)
-        self.weight = torch.nn.Parameter(torch.zeros(d) if w0 is None else w0.detach().cpu().clone())
-        self.bias = torch.nn.Parameter(torch.tensor(float(b0)))
-        t = torch.from_numpy(2.0 * y.astype(np.float32) - 1.0)
-        loader = DataLoader(FullBatch(Z, t, torch.from_numpy(s)), batch_size=None)
-        with quiet_lightning():
-            trainer = make_trainer(self.accelerator, self.max_epochs)
-            trainer.fit(self, loader)
-        state = trainer.optimizers[0].state.get(self.weight, {})
-        n_iter = int(state.get("n_iter", 0))
-        return self.weight.detach().cpu().clone(), float(self.bias.detach().cpu()), n_iter
+    @torch.no_grad()
+    def training_step(self, batch, batch_idx):
+        fits = _Fits(*batch, loss=self.loss)
+        if self._path is None:  # first epoch: along increasing C, each warm-started from the last
+            theta = torch.zeros(fits.weights.shape[1], fits.A.shape[1], dtype=fits.A.dtype, device=fits.A.device)
+            self._path, self._done, self._iters = [], [], []
+            for C in self._path_Cs:
+                todo = torch.ones(len(theta), dtype=torch.bool, device=theta.device)
+                theta, done, iters = self._newton(fits, fits.penalty / C, theta, todo)
+                self._path.append(theta)
+                self._done.append(done)
+                self._iters.append(iters)
+        else:
+            for j, C in enumerate(self._path_Cs):
+                if not bool(self._done[j].all()):
+                    self._path[j], done, iters = self._newton(fits, fits.penalty / C, self._path[j], ~self._done[j])
+                    self._done[j] = self._done[j] | done
+                    self._iters[j] = self._iters[j] + iters
+        if all(bool(d.all()) for d in self._done):
+            self.trainer.should_stop = True
+
+    def _newton(self, fits: "_Fits", lam: torch.Tensor, theta: torch.Tensor, todo: torch.Tensor):
+        """Truncated Newton on every fit at one C: lam [S, p] penalty diagonal at this C (0 for the
+        bias), theta [S, p] start, todo bool [S] fits to solve.
+        Returns (theta [S, p], converged bool [S], Newton iterations int64 [S])."""
+        margin = fits.margins(theta)
+        chol = None if self.loss == "hinge" else fits.preconditioner(margin[:, -1], lam)
+        iters = torch.zeros(len(theta), dtype=torch.long, device=theta.device)
+        active = todo
+        for _ in range(self.max_iter):
+            grad, curvature = fits.gradient(margin, lam, theta)
+            if self.loss == "hinge":  # its generalised Hessian jumps with the support set: exact Newton
+                chol = fits.hessians(curvature, lam)
+            active = active & (_precondition(chol, grad).abs().amax(1) > self.tol)
+            if not bool(active.any()):
+                break
+            step = _conjugate_gradients(fits, curvature, lam, grad, chol, active)
+            theta, margin = _line_search(fits, lam, theta, margin, grad, step, active)
+            iters += active.long()
+        else:
+            grad = fits.gradient(margin, lam, theta)[0]
+            active = active & (_precondition(chol, grad).abs().amax(1) > self.tol)
+        return theta, todo & ~active, iters
+
+    def _solve_path(self, X: torch.Tensor, y: np.ndarray, folds: list, Cs: list[float]):
+        """Fit every fold of `folds` and all of X (the last fit) at every C of `Cs` (increasing).
+
+        X float32 [N, d]. Returns (mean, std) float32 [d] of X, A float64 [N, d+1] (X standardised
+        by them, and ones), path float64 [len(Cs), len(folds) + 1, d+1] (each fit's weights and bias
+        in the coordinates of A) and the last fit's Newton iterations [len(Cs)].
+        """
+        n, d = X.shape
+        mean, std = standardiser(X)
+        A = torch.cat([(X.double() - mean.double()) / std.double(), torch.ones(n, 1, dtype=torch.float64)], 1)
+        fits = [(tr, te) for tr, te in folds] + [(np.arange(n), np.zeros(0, dtype=np.int64))]
+        weights = torch.zeros(n, len(fits), dtype=torch.float64)
+        penalty = torch.zeros(len(fits), d + 1, dtype=torch.float64)
+        held_out = np.full(n, len(folds))                 # the fold holding each row out (len(folds): none)
+        for s, (tr, te) in enumerate(fits):
+            # the fit's own standardisation z' = (x - m) / v = z * std / v + const: w' = w * v / std
+            scale = std.double() / standardiser(X[tr])[1].double()
+            weights[tr, s] = torch.from_numpy(balanced_weights(y[tr], self.class_weight)).double() / len(tr)
+            penalty[s, :d] = 1.0 / (len(tr) * scale.square())
+            held_out[te] = s
+        group = torch.from_numpy(2 * held_out + y)
+        first = [int(np.flatnonzero(group.numpy() == g)[0]) if (group == g).any() else 0
+                 for g in range(2 * len(fits))]
+        group_weights = weights[first].T.contiguous()      # [S, G]: the weight of group g's rows in fit s
+        t = torch.from_numpy(2.0 * y - 1.0)
+        self._path_Cs, self._path = list(Cs), None
+        loader = DataLoader(FullBatch(A, t, weights, penalty, group_weights, group), batch_size=None)
+        with quiet_lightning(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*configure_optimizers.*returned `None`.*")
+            make_trainer(self.accelerator, self.max_epochs).fit(self, loader)
+        path = torch.stack([theta.cpu() for theta in self._path])
+        iters = [int(i[-1]) for i in self._iters]
+        del self._path, self._done, self._iters
+        return mean, std, A, path, iters
 
     # -- Probe interface --------------------------------------------------------------------------
     def fit(self, train: Features, y) -> "LinearProbe":
         X = statement_vectors(train, self.representation).cpu()
         y = check_labels(y, len(X))
         groups = None if train.groups is None else np.asarray(train.groups)
-        s_all = balanced_weights(y, self.class_weight)
-        cv_mcc, cv_loss, C = None, None, self.C
+        C, folds = self.C, []
         if C is None:
             folds = kfold_splits(y, groups, self.cv_folds, draw_seed(self.seed))
             if len(self.Cs) == 1 or not folds:
-                C = self.Cs[len(self.Cs) // 2]
-            else:
-                C, cv_mcc, cv_loss = self._cross_validate(X, y, folds)
-        mean, std = standardiser(X)
-        w, b, n_iter = self._solve((X - mean) / std, y, s_all, C)
+                C, folds = self.Cs[len(self.Cs) // 2], []
+        grid = sorted(set(self.Cs)) if folds else [C]
+        mean, std, A, path, iters = self._solve_path(X, y, folds, grid)
+        self._params = {"loss": self.loss, "representation": self.representation, "class_weight": self.class_weight}
+        if folds:
+            C = self._cross_validate(A, y, folds, grid, path)
+        final = path[grid.index(C), -1]
         self.mean, self.std = mean, std
-        self.weight = torch.nn.Parameter(w, requires_grad=False)
-        self.bias = torch.nn.Parameter(torch.tensor(b), requires_grad=False)
-        self._params = {"C": C, "loss": self.loss, "representation": self.representation,
-                        "class_weight": self.class_weight, "n_iter": n_iter}
-        if cv_mcc is not None:
-            self._params.update({"Cs": list(self.Cs), "cv_metric": self.cv_metric,
-                                 "cv_mcc": cv_mcc, "cv_loss": cv_loss,
-                                 "C_at_grid_edge": C in (min(self.Cs), max(self.Cs))})
+        self.weight = torch.nn.Parameter(final[:-1].float(), requires_grad=False)
+        self.bias = torch.nn.Parameter(final[-1].float(), requires_grad=False)
+        self._params.update(C=C, n_iter=iters[grid.index(C)])
         return self
 
-    def _cross_validate(self, X: torch.Tensor, y: np.ndarray, folds) -> tuple[float, list, list]:
-        order = np.argsort(self.Cs)  # warm start along increasing C
+    def _cross_validate(self, A: torch.Tensor, y: np.ndarray, folds: list, grid: list[float],
+                        path: torch.Tensor) -> float:
+        """The C chosen by `cv_metric` from the held-out scores of the fold fits in path [K, F+1, p]
+        (K = len(grid)); sets `cv_scores_` and the CV entries of `_params`."""
+        scores = np.full((len(self.Cs), len(A)), np.nan)
         mcc = np.zeros((len(folds), len(self.Cs)))
         loss = np.zeros((len(folds), len(self.Cs)))
-        for f, (tr, te) in enumerate(folds):
-            mean, std = standardiser(X[tr])
-            Ztr, Zte = (X[tr] - mean) / std, (X[te] - mean) / std
-            s_tr = balanced_weights(y[tr], self.class_weight)
+        for f, (_, te) in enumerate(folds):
             s_te = torch.from_numpy(balanced_weights(y[te], self.class_weight)).double()
-            t_te = torch.from_numpy(2.0 * y[te] - 1.0).double()
-            w, b = None, 0.0
-            for j in order:
-                w, b, _ = self._solve(Ztr, y[tr], s_tr, self.Cs[j], w, b)
-                score = (Zte @ w + b).double()
+            t_te = torch.from_numpy(2.0 * y[te] - 1.0)
+            for j, c in enumerate(self.Cs):
+                score = A[te] @ path[grid.index(c), f]
+                scores[j, te] = score.numpy()
                 mcc[f, j] = matthews_corrcoef(y[te], (score > 0).numpy().astype(int))
                 loss[f, j] = float((s_te * _margin_loss(t_te * score, self.loss)).sum() / s_te.sum())
         mean_mcc, mean_loss = mcc.mean(0), loss.mean(0)
@@ -173,7 +244,12 @@ class LinearProbe(Probe):
             best = max(range(len(self.Cs)), key=lambda j: (round(mean_mcc[j], 12), -mean_loss[j]))
         else:
             best = int(np.argmin(mean_loss))
-        return self.Cs[best], mean_mcc.round(6).tolist(), mean_loss.round(6).tolist()
+        self.cv_scores_ = scores
+        C = self.Cs[best]
+        self._params.update({"Cs": list(self.Cs), "cv_metric": self.cv_metric,
+                             "cv_mcc": mean_mcc.round(6).tolist(), "cv_loss": mean_loss.round(6).tolist(),
+                             "C_at_grid_edge": C in (min(self.Cs), max(self.Cs))})
+        return C
 
     @torch.no_grad()
     def decision_function(self, data: Features) -> np.ndarray:
@@ -191,3 +267,120 @@ class LinearProbe(Probe):
     @property
     def intercept_(self) -> float:
         return float(self.bias - (self.mean / self.std) @ self.weight)
+
+
+class _Fits:
+    """The batched problem on the Trainer's device: S fits sharing the rows of A.
+
+    A float64 [n, p] (standardised vectors and a column of ones, p = d + 1; its float32 copies serve the
+    Hessian-vector products, float64 the gradients, objective and preconditioner), t [n] (+-1),
+    weights [n, S] (s_i / n_s on fit s's training rows, 0 elsewhere), penalty [S, p] (penalty
+    diagonal at C = 1, 0 for the bias), group_weights [S, G] (the weight of group g's rows in fit s)
+    and group int64 [n] (rows of one group, one class held out by the same fold, share their weight
+    in every fit).
+    """
+
+    def __init__(self, A, t, weights, penalty, group_weights, group, loss: str):
+        self.A, self.t, self.weights, self.penalty = A, t, weights, penalty
+        self.group_weights, self.group, self.loss = group_weights, group, loss
+        self.A32 = A.float()
+        self.At32 = self.A32.T.contiguous()
+
+    def margins(self, theta: torch.Tensor) -> torch.Tensor:
+        """[n, S]: t_i * (A theta_s)_i."""
+        return self.t[:, None] * (self.A @ theta.T)
+
+    def objective(self, margin: torch.Tensor, lam: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """[S] objective values at theta [S, p] whose margins are margin [n, S]."""
+        return (self.weights * _margin_loss(margin, self.loss)).sum(0) + 0.5 * (lam * theta.square()).sum(1)
+
+    def gradient(self, margin, lam, theta) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gradient [S, p], row curvature [n, S] float32: weights * l'')."""
+        slope, curvature = _loss_derivatives(margin, self.loss)
+        grad = (self.weights * self.t[:, None] * slope).T @ self.A + lam * theta
+        return grad, (self.weights * curvature).float()
+
+    def hessian_times(self, curvature: torch.Tensor, lam: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """float32 [S, p]: H_s v_s = A^T diag(curvature_s) A v_s + lam_s * v_s for V float32 [S, p]."""
+        return (self.At32 @ (curvature * (self.A32 @ V.T))).T + lam * V
+
+    def preconditioner(self, margin: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """Cholesky factors [S, p, p] (computed in float64, applied in float32) of each fit's Hessian
+        with the last fit's curvature at margin [n] in place of its own:
+        sum_g group_weights[s, g] A_g^T diag(l''_g) A_g + diag(lam_s); one Gram matrix per group
+        serves all fits."""
+        h = _loss_derivatives(margin, self.loss)[1]
+        P = torch.diag_embed(lam)
+        for g in range(self.group_weights.shape[1]):
+            rows = self.group == g
+            Ag = self.A[rows]
+            P += self.group_weights[:, g, None, None] * ((Ag * h[rows, None]).T @ Ag)
+        return _cholesky(P)
+
+    def hessians(self, curvature: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """float32 Cholesky factors [S, p, p] of each fit's own Hessian A^T diag(curvature_s) A +
+        diag(lam_s) (curvature [n, S]; only rows of positive curvature are summed)."""
+        P = torch.diag_embed(lam)
+        for s in range(len(lam)):
+            rows = curvature[:, s] > 0
+            Ag = self.A[rows]
+            P[s] += (Ag * curvature[rows, s, None].double()).T @ Ag
+        return _cholesky(P)
+
+
+def _cholesky(P: torch.Tensor) -> torch.Tensor:
+    """float32 Cholesky factors of P float64 [S, p, p], with a relative diagonal jitter (the bias has
+    no penalty, and the squared hinge may have no curvature)."""
+    diagonal = P.diagonal(dim1=1, dim2=2)
+    diagonal += _JITTER * diagonal.amax(1, keepdim=True)
+    return torch.linalg.cholesky(P).float()
+
+
+def _precondition(chol: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """float32 [S, p]: P_s^{-1} r_s for every fit, chol [S, p, p] float32 Cholesky factors of P, R [S, p]."""
+    return torch.cholesky_solve(R.float()[:, :, None], chol)[:, :, 0]
+
+
+def _conjugate_gradients(fits: _Fits, curvature, lam, grad, chol, active) -> torch.Tensor:
+    """Newton steps [S, p] (float64): H_s x_s = -g_s (see `_Fits.hessian_times`; curvature [n, S],
+    lam / grad [S, p]) by preconditioned conjugate gradients in float32 for the active fits, each to
+    the relative residual min(0.5, sqrt(|g_s|)) (superlinear Newton convergence)."""
+    lam = lam.float()
+    r = -grad.float()
+    gnorm = r.norm(dim=1)
+    target = torch.clamp(gnorm.sqrt(), max=0.5) * gnorm
+    x = torch.zeros_like(r)
+    z = _precondition(chol, r)
+    p = torch.where(active[:, None], z, 0.0)
+    rz = (r * z).sum(1)
+    live = active.clone()
+    for _ in range(r.shape[1]):
+        Hp = fits.hessian_times(curvature, lam, p)
+        pHp = (p * Hp).sum(1)
+        live = live & (pHp > 0)
+        a = torch.where(live, rz / torch.where(live, pHp, 1.0), 0.0)
+        x = x + a[:, None] * p
+        r = r - a[:, None] * Hp
+        live = live & (r.norm(dim=1) > target)
+        if not bool(live.any()):
+            break
+        z = _precondition(chol, r)
+        rz_new = (r * z).sum(1)
+        p = torch.where(live[:, None], z + (rz_new / torch.where(live, rz, 1.0))[:, None] * p, 0.0)
+        rz = rz_new
+    return x.double()
+
+
+def _line_search(fits: _Fits, lam, theta, margin, grad, step, active) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backtracking (Armijo) along step [S, p] for the active fits; returns (theta, margin)."""
+    direction = fits.margins(step)                                            # [n, S]
+    start = fits.objective(margin, lam, theta)
+    decrease = _ARMIJO * (grad * step).sum(1)
+    alpha = torch.where(active, 1.0, 0.0).to(theta)
+    for _ in range(_HALVINGS):
+        ok = fits.objective(margin + alpha * direction, lam, theta + alpha[:, None] * step) <= start + alpha * decrease
+        if bool(ok.all()):
+            break
+        alpha = torch.where(ok, alpha, 0.5 * alpha)
+    alpha = torch.where(ok, alpha, 0.0)
+    return theta + alpha[:, None] * step, margin + alpha * direction
