@@ -7,7 +7,7 @@ One entry point::
     cell["split"] = split.summary()          # sizes, fractions, drops, overlap, fingerprint (JSON)
 
 `Split` holds int64 row positions (0..len(table)-1) into the table; rows in `dropped` are in no
-split. Two kinds:
+split. Three kinds:
 
 ``entity_disjoint`` (default, ours)
     Entities are the strings in `object_1` and `object_2`, one shared namespace, compared
@@ -37,6 +37,15 @@ split. Two kinds:
     label mix (real true/false vs synthetic neither) of the splits close to the table's.
     Fractions are of kept rows; ``summary()`` reports the dropped count.
 
+``question_disjoint`` (the truthfulqa datapack's default)
+    Every statement of a question (the `object_1` string; its answers) lies in one part, so no
+    question is in two of train / calibration / test. It is the entity-disjoint algorithm on
+    `object_1` alone, with calibration and test also cut apart: each question is one component,
+    packed whole (nothing is dropped). `test_size` / `calibration_size` are fractions of the rows.
+    A question of at least max(20, tolerance * n) statements counts as a large component, whose
+    cut puts its one entity on the held-out side: such a question always lands in test (none does
+    on the full truthfulqa datapack, whose largest question has 24 answers for a threshold of 61).
+
 ``reference``
     Row-for-row the split of the reference code (carlomarxdk/trilemma-of-truth,
     data_handler.py, DataHandler.assemble with exclusive_split=True, with_calibration=True;
@@ -55,8 +64,8 @@ split. Two kinds:
     its held-out sets are rich in synthetic (neither) rows: city_locations has 17 % neither in
     train but 34 % in calibration and 31 % in test.
 
-Arrays of ``entity_disjoint`` are sorted ascending (`order == "sorted"`). Both kinds are
-deterministic for a seed. Bad input raises `SplitError` (a ToolkitError) with a one-line message.
+Arrays of ``entity_disjoint`` and ``question_disjoint`` are sorted ascending (`order == "sorted"`).
+Every kind is deterministic for a seed. Bad input raises `SplitError` (a ToolkitError) with a one-line message.
 """
 from __future__ import annotations
 
@@ -71,8 +80,9 @@ from extract.errors import ToolkitError
 
 __all__ = ["Split", "SplitError", "make_split", "KINDS"]
 
-KINDS = ("entity_disjoint", "reference")
+KINDS = ("entity_disjoint", "question_disjoint", "reference")
 ENTITY_COLUMNS = ("object_1", "object_2")
+QUESTION_COLUMNS = ("object_1",)
 MIN_ROWS = 10
 
 
@@ -145,7 +155,7 @@ def make_split(table: pd.DataFrame, kind: str = "entity_disjoint", seed: int = 0
                n_starts: int = 4) -> Split:
     """Split `table` (one row per statement) into train / calibration / test row positions.
 
-    kind: "entity_disjoint" or "reference" (see the module docstring).
+    kind: "entity_disjoint", "question_disjoint" or "reference" (see the module docstring).
     test_size, calibration_size: fractions of the kept rows (entity_disjoint: 0.25 and 0.2 give
         55 / 20 / 25 %); for "reference", calibration_size is a fraction of the non-test rows as
         in the reference code. calibration_size = 0 gives an empty calibration set.
@@ -169,12 +179,12 @@ def make_split(table: pd.DataFrame, kind: str = "entity_disjoint", seed: int = 0
     if not 0 <= calibration_size < 1:
         raise SplitError(f"calibration_size={calibration_size} must be in [0, 1) "
                          "(e.g. split.calibration_size=0.2)")
-    if kind == "entity_disjoint" and test_size + calibration_size >= 1:
+    if kind != "reference" and test_size + calibration_size >= 1:
         raise SplitError(f"test_size + calibration_size = {test_size + calibration_size} leaves no training "
                          "rows (make their sum < 1, e.g. 0.25 + 0.2)")
     if not 0 < tolerance < 0.5:
         raise SplitError(f"tolerance={tolerance} must be in (0, 0.5) (e.g. split.tolerance=0.01)")
-    columns = list(ENTITY_COLUMNS if kind == "reference" else entity_columns)
+    columns = list({"reference": ENTITY_COLUMNS, "question_disjoint": QUESTION_COLUMNS}.get(kind, entity_columns))
     if not 1 <= len(columns) <= 2:
         raise SplitError(f"entity_columns={columns}: give one or two columns (e.g. [object_1, object_2])")
     missing = [c for c in columns if c not in table.columns]
@@ -188,6 +198,12 @@ def make_split(table: pd.DataFrame, kind: str = "entity_disjoint", seed: int = 0
         params = {"test_size": test_size, "calibration_size": calibration_size,
                   "calibration_of": "non-test rows"}
         order = "reference"
+    elif kind == "question_disjoint":
+        train, calibration, test, dropped = _entity_disjoint_split(
+            table, columns, seed, test_size, calibration_size, True, tolerance, n_starts)
+        params = {"test_size": test_size, "calibration_size": calibration_size,
+                  "calibration_of": "rows", "question_column": columns[0]}
+        order = "sorted"
     else:
         train, calibration, test, dropped = _entity_disjoint_split(
             table, columns, seed, test_size, calibration_size, disjoint_calibration_test,

@@ -30,7 +30,8 @@ from extract.config import compose_config
 from extract.models import load_model
 from truthfulqa.data import load_questions
 from truthfulqa.likelihood import context_text
-from truthfulqa.run import mc_scores, run
+from evaluation.multiple_choice import mc_scores
+from truthfulqa.run import run
 
 DATASET_LINES = "dataset_path: truthfulqa/truthful_qa\ndataset_name: multiple_choice\n"
 

@@ -1,4 +1,4 @@
-"""Statements: datapacks of the Trilemma data, Hugging Face datasets, or user CSVs, validated.
+"""Statements: datapacks of the Trilemma data, TruthfulQA, Hugging Face datasets, or user CSVs, validated.
 
 Every loader returns the same table (a pandas DataFrame, one row per statement, in file order):
 
@@ -17,6 +17,15 @@ Every loader returns the same table (a pandas DataFrame, one row per statement, 
 Labels are derived from two columns only (see data/trilemma/README.md): neither when
 `real_object` is false, otherwise true / false from `correct`. A user CSV may instead give an
 integer label column (0/1/2). Every problem raises `StatementsError` naming file, row and column.
+
+The `truthfulqa` datapack (a TruthfulQA CSV, parsed by extract.truthfulqa_pack; `path` gives another
+file of that format) has one statement per MC2 choice of each question: the answer, with context
+"Q: <question>\nA: " (the likelihood format without the primer). Per question, in this order: the
+best answer (true), the other correct answers (true; the best answer's first occurrence among them
+is not repeated), the incorrect answers (false), CSV order otherwise, duplicated answers kept as the
+lm-evaluation-harness keeps them. object_1 = the question (the group: splits and bootstrap work by
+question), object_2 = "", source_row = the question's 0-based CSV data row. So the first statement of
+each question is its best answer, and the MC1 choices are that statement and the false ones.
 """
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from extract.errors import ToolkitError
+from extract.truthfulqa_pack import DEFAULT_CSV, load_questions
 
 LABELS = {0: "false", 1: "true", 2: "neither"}
 FALSE, TRUE, NEITHER = 0, 1, 2
@@ -40,6 +50,7 @@ DATAPACKS = {
     ],
 }
 DATAPACKS["all"] = [f for files in DATAPACKS.values() for f in files]
+TRUTHFULQA = "truthfulqa"
 HF_DATASET = "carlomarxx/trilemma-of-truth"
 COLUMNS = ["statement", "label", "object_1", "object_2", "negation", "source_file", "source_row", "context"]
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
@@ -52,11 +63,16 @@ class StatementsError(ToolkitError):
 def load_statements(datapack: str = "city_locations", source: str = "csv", path: str | None = None,
                     statement_column: str = "statement", label_column: str | None = None,
                     data_dir: str | Path = DATA_DIR) -> pd.DataFrame:
-    """Load and validate one datapack (or a user CSV when `path` is given) -> the table above."""
+    """Load and validate one datapack (or a user CSV when `path` is given) -> the table above.
+    Datapack truthfulqa: `path` is a TruthfulQA CSV (default the vendored one)."""
+    if datapack == TRUTHFULQA:
+        if source != "csv":
+            raise StatementsError(f"datapack {TRUTHFULQA} reads a TruthfulQA CSV: use data.source=csv")
+        return _truthfulqa_table(path)
     if path is not None:
         return _read_csv(Path(path), statement_column, label_column)
     if datapack not in DATAPACKS:
-        raise StatementsError(f"unknown datapack {datapack!r}: choose one of {sorted(DATAPACKS)} "
+        raise StatementsError(f"unknown datapack {datapack!r}: choose one of {sorted([*DATAPACKS, TRUTHFULQA])} "
                               "or give a CSV with data.path=...")
     if source == "hf":
         return _read_hf(datapack)
@@ -92,6 +108,26 @@ def _read_hf(datapack: str) -> pd.DataFrame:
             raw = part.to_pandas().astype(str)
             tables.append(_to_table(raw, f"{HF_DATASET}/{name}/{split}", "statement", None))
     return pd.concat(tables, ignore_index=True)
+
+
+def _truthfulqa_table(path: str | None) -> pd.DataFrame:
+    """The truthfulqa datapack's table (module docstring), one row per (question, answer)."""
+    path = Path(path) if path else DEFAULT_CSV
+    rows = []
+    for q in load_questions(path):
+        if q.best not in q.correct:
+            raise StatementsError(f"{path} row {q.row} (0-based data row): the best answer is not among the "
+                                  "correct answers: add it to them")
+        others = list(q.correct)
+        others.remove(q.best)
+        rows += [(answer, label, q.question, q.row)
+                 for answers, label in (([q.best], TRUE), (others, TRUE), (q.incorrect, FALSE)) for answer in answers]
+    statement, label, question, row = zip(*rows)
+    return pd.DataFrame({
+        "statement": statement, "label": np.asarray(label, dtype=np.int64), "object_1": question, "object_2": "",
+        "negation": False, "source_file": path.name,
+        "source_row": np.asarray(row, dtype=np.int64), "context": [f"Q: {q}\nA: " for q in question],
+    }, columns=COLUMNS)
 
 
 def _to_table(raw: pd.DataFrame, name: str, statement_column: str,

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from extract.config import compose_config
-from extract.errors import run_entry
+from extract.errors import ToolkitError, run_entry
 from extract.models import load_model
 from truthfulqa.data import (TruthfulQAError, count_duplicate_choices, load_questions, split_answers)
 from truthfulqa.likelihood import PRIMER, LoglikScorer, common_prefix_length, context_text, question_requests
-from truthfulqa.run import bootstrap_ci, build_requests, mc_scores, partial_path, result_path, run
+from evaluation.multiple_choice import mc_scores, question_ci
+from truthfulqa.run import build_requests, partial_path, result_path, run
 
 ROOT = Path(__file__).resolve().parent.parent
 tqa_config = partial(compose_config, "truthfulqa")
@@ -69,9 +70,9 @@ def test_mc_scores_match_a_direct_computation():
 
 def test_bootstrap_is_seeded_and_brackets_the_mean():
     values = np.random.default_rng(0).random(50)
-    a, b = bootstrap_ci(values, 200, 3), bootstrap_ci(values, 200, 3)
+    a, b = question_ci(values, 200, 3), question_ci(values, 200, 3)
     assert a == b and a[0] < values.mean() < a[1]
-    assert bootstrap_ci(values, 200, 4) != a
+    assert question_ci(values, 200, 4) != a
 
 
 # ---------------------------------------------------------------------- likelihoods
@@ -173,6 +174,25 @@ def test_bad_csv_is_one_line_and_writes_nothing(tmp_path, caplog, body, header, 
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("body, header, message", [
+    ("A,B,Q?,best,c1; c2,i1\n", HEADER.replace("Correct Answers,", ""), "lacks the column(s) Correct Answers"),
+    ("A,B,Q1?,best,best,i1\nA,B,Q2?,best,best,\n", HEADER, "row 1 (0-based data row) has no incorrect answer"),
+    ("A,B,Q1?,best, ; ,i1\n", HEADER, "row 0 (0-based data row) has no correct answer"),
+    ("A,B,Q1?,best,c1; c2,i1\n", HEADER, "row 0 (0-based data row): the best answer is not among the correct"),
+    (None, HEADER, "no such file"),
+])
+def test_bad_csv_for_the_probing_datapack_is_one_line_and_writes_nothing(tmp_path, body, header, message):
+    from extract.run import extract
+
+    path = _csv(tmp_path, body, header) if body is not None else tmp_path / "missing.csv"
+    cfg = compose_config("extract", "model=tiny", "data=truthfulqa", f"data.path={path}",
+                         f"store_dir={tmp_path / 's'}")
+    with pytest.raises(ToolkitError) as err:
+        extract(cfg)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "s").exists()
 
 
 def test_cli_unknown_format_exits_1_with_one_line(tmp_path):

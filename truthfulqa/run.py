@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from evaluation.cells import atomic_write
+from evaluation.multiple_choice import mc_scores, question_ci
 from extract.errors import check_name
 from extract.models import load_model
 from truthfulqa.data import Question, TruthfulQAError, count_duplicate_choices, load_questions
@@ -80,23 +81,6 @@ def build_requests(tokenizer, fmt: str, questions: list[Question], system_prompt
         mc1_idx.append(np.array([where[c] for c in q.mc1_choices]))
         mc2_idx.append(np.array([where[c] for c in q.mc2_choices]))
     return seqs, n_cont, mc1_idx, mc2_idx
-
-
-def mc_scores(mc1_logliks: list, mc2_logliks: list, mc2_labels: list) -> tuple[np.ndarray, np.ndarray]:
-    """Per question: MC1 correct (float 0/1 [N]) and MC2 true-probability mass (float [N])."""
-    mc1 = np.array([float(np.argmax(ll) == 0) for ll in mc1_logliks])
-    mc2 = []
-    for ll, labels in zip(mc2_logliks, mc2_labels):
-        p = np.exp(np.asarray(ll, dtype=np.float64) - np.max(ll))
-        mc2.append(float(p[np.asarray(labels) == 1].sum() / p.sum()))
-    return mc1, np.array(mc2)
-
-
-def bootstrap_ci(values: np.ndarray, n_boot: int, seed: int) -> list[float]:
-    """95 % percentile interval of the mean, resampling questions with replacement."""
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(int(n_boot), len(values)))].mean(1)
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def _signature(loaded, fmt: str, seqs, n_cont, prefix_len: int) -> dict:
@@ -169,7 +153,7 @@ def run(cfg: DictConfig, on_batch=None) -> Path:
     mc1, mc2 = mc_scores(mc1_ll, mc2_ll, labels)
     result = {
         "format": fmt, "n_questions": len(questions), "mc1": float(mc1.mean()), "mc2": float(mc2.mean()),
-        "mc1_ci": bootstrap_ci(mc1, cfg.n_boot, cfg.seed), "mc2_ci": bootstrap_ci(mc2, cfg.n_boot, cfg.seed),
+        "mc1_ci": question_ci(mc1, cfg.n_boot, cfg.seed), "mc2_ci": question_ci(mc2, cfg.n_boot, cfg.seed),
         "n_duplicate_choices": count_duplicate_choices(questions),
         "model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
         "seconds": time.perf_counter() - started, "resumed_after_requests": resumed,

@@ -1,0 +1,199 @@
+"""TruthfulQA as a probing datapack: its statement table, extraction on the tiny model, the
+question-disjoint split, probe MC1 / MC2 against a direct computation, train_probe end to end and
+the knows-vs-says report."""
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from evaluation.cells import read_cell, write_cell
+from evaluation.splits import entity_groups, make_split
+from evaluation.tasks import TaskError, task_targets
+from experiments.truthfulqa_report import write_truthfulqa
+from extract.config import compose_config
+from extract.models import load_model
+from extract.run import extract
+from extract.statements import COLUMNS, load_statements
+from extract.store import KIND_CONTEXT, KIND_STATEMENT, ActivationStore
+from probes.pipeline import train_probes
+from truthfulqa.data import load_questions
+from evaluation.multiple_choice import mc_scores, probe_mc
+
+probe_config = partial(compose_config, "train_probe")
+LIMIT = 150   # first statements of the vendored CSV: 15 whole questions and 6 of the 10 answers of the 16th
+
+
+# ------------------------------------------------------------------------ the table
+def test_table_holds_every_mc2_choice_best_answer_first():
+    table = load_statements("truthfulqa")
+    questions = load_questions()
+    assert list(table.columns) == COLUMNS and len(table) == sum(len(q.mc2_choices) for q in questions)
+    assert (table["object_2"] == "").all() and not table["negation"].any()
+    by_row = table.groupby("source_row").indices
+    for q in questions:
+        part = table.iloc[by_row[q.row]]
+        labels, answers = part["label"].to_numpy(), part["statement"].tolist()
+        assert sorted(zip(answers, labels)) == sorted(zip(q.mc2_choices, q.mc2_labels))  # duplicates kept
+        assert answers[0] == q.best and labels[0] == 1
+        assert [answers[0], *part["statement"][labels == 0]] == q.mc1_choices       # MC1 from the table
+        assert (part["object_1"] == q.question).all() and (part["context"] == f"Q: {q.question}\nA: ").all()
+    assert table["label"].isin([0, 1]).all()
+
+
+def test_entity_groups_are_questions():
+    table = load_statements("truthfulqa")
+    groups = entity_groups(table)
+    assert len(np.unique(groups)) == table["source_row"].nunique()
+    assert (pd.Series(groups).groupby(table["source_row"]).nunique() == 1).all()
+
+
+# ------------------------------------------------------------------------ extraction
+@pytest.fixture(scope="module")
+def tqa_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tqa")
+    extract(compose_config("extract", "model=tiny", "data=truthfulqa", f"limit={LIMIT}", "layers=[1,4]",
+                           f"store_dir={root / 'activations'}"))
+    return root
+
+
+def test_answer_tokens_are_the_statement_and_the_question_is_context(tqa_dirs):
+    tok = load_model(compose_config("extract", "model=tiny").model).tokenizer
+    with ActivationStore(tqa_dirs / "activations" / "tiny" / "truthfulqa.h5") as store:
+        table, off, kind, ids = store.table, store.offsets, store.token_kind, store.token_ids
+        assert len(table) == LIMIT and store.attrs["datapack"] == "truthfulqa"
+        for i in range(LIMIT):
+            own, k = ids[off[i]:off[i + 1]], kind[off[i]:off[i + 1]]
+            assert tok.decode(own[k == KIND_STATEMENT]).strip() == table["statement"].iat[i]
+            assert tok.decode(own[k == KIND_CONTEXT]) == table["context"].iat[i]
+            assert np.flatnonzero(k == KIND_CONTEXT).max() < np.flatnonzero(k == KIND_STATEMENT).min()
+            # the tiny model's byte tokenizer: the answer's ids are those of the answer alone
+            assert own[k == KIND_STATEMENT].tolist() == tok(table["statement"].iat[i], add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------------ split
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("n", [LIMIT, None])
+def test_question_disjoint_never_puts_a_question_in_two_parts(seed, n):
+    table = load_statements("truthfulqa").iloc[:n]
+    split = make_split(table, kind="question_disjoint", seed=seed)
+    parts = [set(table["source_row"].to_numpy()[p]) for p in (split.train, split.calibration, split.test)]
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    assert sum(split.sizes()[k] for k in ("train", "calibration", "test")) == len(table)   # nothing dropped
+    s = split.summary()
+    assert s["kind"] == "question_disjoint" and s["test_rows_sharing_train_entity"] == 0.0
+    if n is None:
+        assert abs(s["fractions_of_kept"]["test"] - 0.25) < 0.01 and abs(s["fractions_of_kept"]["train"] - 0.55) < 0.01
+
+
+def test_question_disjoint_is_the_default_split_of_truthfulqa_only():
+    assert probe_config("data=truthfulqa").split.kind == "question_disjoint"
+    assert probe_config("data=truthfulqa", "split=entity_disjoint").split.kind == "entity_disjoint"
+    assert probe_config("data=city_locations").split.kind == "entity_disjoint"
+    assert "split_default" not in compose_config("extract", "data=truthfulqa")
+
+
+@pytest.mark.parametrize("task", ["multiclass", "neither_vs_all"])
+def test_tasks_needing_neither_are_refused_in_one_line(task):
+    with pytest.raises(TaskError, match="needs statements of every class") as err:
+        task_targets(load_statements("truthfulqa")["label"].to_numpy(), task)
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------ probe MC
+def _table(questions: list[tuple[int, list[int]]]) -> pd.DataFrame:
+    """A truthfulqa-like table: (source_row, labels of its statements, best answer first)."""
+    rows = [(r, y) for r, labels in questions for y in labels]
+    return pd.DataFrame({"source_row": [r for r, _ in rows], "label": [y for _, y in rows],
+                         "object_1": [f"q{r}" for r, _ in rows]})
+
+
+def test_probe_mc_equals_a_direct_computation():
+    table = _table([(5, [1, 1, 0, 0]), (9, [1, 0, 0]), (2, [1, 1]), (7, [1, 0, 0]), (4, [1, 1, 0])])
+    p = {0: .9, 1: .2, 2: .5, 3: .95,   # q5: the best loses to an incorrect answer
+         4: .4, 5: .4, 6: .1,           # q9: a tie with an incorrect answer goes to the best
+         7: .3, 8: .6,                  # q2: no incorrect answer among its statements (limit): skipped
+         9: .8, 10: .1,                 # q7: its last statement is not scored: skipped
+         12: 0.0, 13: 0.0, 14: 0.0}     # q4: all zero: no preference, MC2 = 2 / 3
+    rows = np.array(list(p))[::-1]      # any order
+    result = probe_mc(table, rows, np.array([p[r] for r in rows]), seed=0, n_boot=200)
+    assert result["probe_mc_questions"] == [4, 5, 9] and result["probe_mc_skipped"] == 2
+    mc1 = [1.0, 0.0, 1.0]                               # q4 (tie of zeros), q5, q9
+    mc2 = [2 / 3, (.9 + .2) / (.9 + .2 + .5 + .95), .4 / (.4 + .4 + .1)]
+    assert result["probe_mc1"] == pytest.approx(np.mean(mc1))
+    assert result["probe_mc2"] == pytest.approx(np.mean(mc2))
+    for k in ("probe_mc1", "probe_mc2"):
+        lo, hi = result[f"{k}_ci"]
+        assert lo <= result[k] <= hi
+    assert result == probe_mc(table, rows, np.array([p[r] for r in rows]), seed=0, n_boot=200)
+
+
+def test_probe_mc_refuses_what_it_cannot_score():
+    table = _table([(0, [1, 0]), (1, [0, 1])])
+    with pytest.raises(Exception, match="does not start with its best answer"):
+        probe_mc(table, np.arange(4), np.full(4, .5))
+    with pytest.raises(Exception, match="no question has all its answers"):
+        probe_mc(table, np.array([0]), np.array([.5]))
+    with pytest.raises(Exception, match="one probability each"):
+        probe_mc(table, np.arange(2), np.full(3, .5))
+
+
+# ---------------------------------------------------------------- train_probe + report
+@pytest.fixture(scope="module")
+def tqa_cells(tqa_dirs):
+    run = partial(probe_config, "model=tiny", "data=truthfulqa", f"store_dir={tqa_dirs / 'activations'}",
+                  f"results_dir={tqa_dirs / 'results'}", "n_boot=50", "layer=all", "task=true_vs_false")
+    paths = train_probes(run("probe=linear")) + train_probes(run("probe=mean_diff"))
+    with ActivationStore(tqa_dirs / "activations" / "tiny" / "truthfulqa.h5") as store:
+        table = store.table
+    rows, _ = task_targets(table["label"].to_numpy(), "true_vs_false")
+    for path in paths:   # the probe MC a truthfulqa cell carries (computed here until the pipeline adds it)
+        cell = read_cell(path)
+        test = cell["test"]
+        expected = probe_mc(table, rows[test["rows"]], np.array(test["probs"])[:, 1], seed=0, n_boot=50)
+        if "probe_mc1" in cell["metrics"]:
+            assert {k: cell["metrics"][k] for k in expected} == expected
+        else:
+            cell["metrics"].update(expected)
+            write_cell(path, cell)
+    return paths, table
+
+
+def test_train_probe_on_truthfulqa_end_to_end(tqa_cells):
+    paths, table = tqa_cells
+    assert len(paths) == 4
+    for path in paths:
+        cell = read_cell(path)
+        assert cell["split"]["kind"] == "question_disjoint" and "/question_disjoint/" in str(path)
+        test_questions = set(table["source_row"].to_numpy()[cell["test"]["rows"]])
+        assert set(cell["metrics"]["probe_mc_questions"]) <= test_questions
+        assert 0 <= cell["metrics"]["probe_mc1"] <= 1 and 0 < cell["metrics"]["probe_mc2"] < 1
+
+
+def test_knows_vs_says_report(tqa_cells, tqa_dirs, tmp_path):
+    paths, _ = tqa_cells
+    rng = np.random.default_rng(0)
+    questions = [{"row": q.row, "mc1_logliks": rng.normal(-20, 3, len(q.mc1_choices)).tolist(),
+                  "mc2_logliks": rng.normal(-20, 3, len(q.mc2_choices)).tolist(), "mc2_labels": q.mc2_labels}
+                 for q in load_questions()[:30]]
+    mc1, mc2 = mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in questions]))
+    likelihood = {"format": "lm_eval", "n_questions": 30, "mc1": mc1.mean(), "mc2": mc2.mean(),
+                  "mc1_ci": [0.1, 0.9], "mc2_ci": [0.2, 0.8], "questions": questions}
+    (tqa_dirs / "results" / "tiny" / "truthfulqa" / "likelihood-lm_eval.json").write_text(json.dumps(likelihood))
+    csv, md, png = write_truthfulqa(tqa_dirs / "results", tmp_path, "tiny")
+    table = pd.read_csv(csv)
+    assert len(table) == len(paths) and png.stat().st_size > 0
+    assert md.read_text().startswith("| probe | task |") and "Likelihood (lm_eval, all 30 questions)" in md.read_text()
+    by_row = {q["row"]: q for q in questions}
+    for path in paths:
+        cell = read_cell(path)
+        m = cell["metrics"]
+        r = table[(table["probe"] == cell["config"]["probe"]["name"]) & (table["layer"] == cell["layer"])].iloc[0]
+        assert (r["probe_mc1"], r["probe_mc2"], r["mcc"]) == pytest.approx((m["probe_mc1"], m["probe_mc2"], m["mcc"]))
+        assert (r["probe_mc1_lo"], r["probe_mc2_hi"]) == pytest.approx((m["probe_mc1_ci"][0], m["probe_mc2_ci"][1]))
+        same = [by_row[q] for q in m["probe_mc_questions"]]
+        s1, s2 = mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))
+        assert (r["likelihood_mc1_same"], r["likelihood_mc2_same"]) == pytest.approx((s1.mean(), s2.mean()))
