@@ -1,0 +1,111 @@
+"""NCB stress-test tables and figure from `python -m ncb` outputs (results/<model>/<datapack>/ncb/*/stress.json).
+
+    ncb.csv / ncb.md   per method, interference, level and fraction: accuracy under interference of the
+                       high and low NCB groups with cluster-bootstrap 95 % intervals, their drop from clean
+                       accuracy, and the gap high - low (the layout of Table 3 of Xu et al., 2601.05905)
+    ncb_stress.png     accuracy against the number k of peers repeating the false claim (peer, peer_truth),
+                       high (solid) and low (dashed) NCB group, one panel per method (probes and zero-shot)
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.plots import _pyplot
+from extract.errors import check_name
+
+log = logging.getLogger(__name__)
+QUANTITY = ("peer", "peer_truth")  # interferences whose level is a count k
+
+
+def load_stress(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
+    """One row per (method, interference, level, fraction) of every stress.json of the model and datapack."""
+    folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
+    rows = []
+    for path in sorted(folder.glob("*/stress.json")):
+        summary = json.loads(path.read_text())
+        for r in summary["results"]:
+            row = {"method": summary["method"], "kind": summary["info"]["kind"], "interference": r["interference"],
+                   "level": r["level"], "fraction": r["fraction"], "gap": r["gap"]}
+            row["gap_lo"], row["gap_hi"] = r["gap_ci"] or (None, None)
+            for side in ("high", "low"):
+                s = r[side]
+                row.update({f"{side}_n": s["n"], f"{side}_p_y": s["p_y_mean"], f"{side}_accuracy": s["accuracy"],
+                            f"{side}_drop": s["drop"]})
+                row[f"{side}_accuracy_lo"], row[f"{side}_accuracy_hi"] = s["accuracy_ci"] or (None, None)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float = 0.2) -> list[Path]:
+    """Write ncb.csv, ncb.md and ncb_stress.png (the figure at one group `fraction`) to out_dir; returns
+    their paths ([] when the model and datapack have no NCB results)."""
+    table = load_stress(results_dir, model, datapack)
+    if table.empty:
+        log.info("no NCB results for %s / %s (run python -m ncb)", model, datapack)
+        return []
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "ncb.csv", out / "ncb.md", out / "ncb_stress.png"]
+    table.to_csv(paths[0], index=False)
+    paths[1].write_text(_markdown(table))
+    plot_stress(table, fraction, paths[2], f"{model}, {datapack}: accuracy under peer conflict\n"
+                                           f"high / low NCB = top / bottom {fraction:.0%} of valid test targets")
+    return paths
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    def acc(r, side):
+        value, lo, hi = r[f"{side}_accuracy"], r[f"{side}_accuracy_lo"], r[f"{side}_accuracy_hi"]
+        if pd.isna(value):
+            return "n/a"
+        return f"{value:.3f}" if pd.isna(lo) else f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    def num(x, fmt="{:.3f}"):
+        return "n/a" if pd.isna(x) else fmt.format(x)
+
+    lines = ["| method | interference | level | top / bottom | high: n | high: accuracy | high: drop | low: n | "
+             "low: accuracy | low: drop | gap high - low |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        gap = num(r["gap"], "{:+.3f}") + ("" if pd.isna(r["gap_lo"]) else f" [{r['gap_lo']:+.3f}, {r['gap_hi']:+.3f}]")
+        lines.append(f"| {r['method']} | {r['interference']} | {r['level']} | {r['fraction']:.0%} | {r['high_n']} | "
+                     f"{acc(r, 'high')} | {num(r['high_drop'])} | {r['low_n']} | {acc(r, 'low')} | "
+                     f"{num(r['low_drop'])} | {gap} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_stress(table: pd.DataFrame, fraction: float, path: Path, title: str) -> None:
+    """Accuracy of the high (solid) and low (dashed) group against k, one line colour per interference of
+    QUANTITY, one panel per method, at the group fraction closest to `fraction`."""
+    plt = _pyplot()
+    methods = list(dict.fromkeys(table["method"]))
+    fig, axes = plt.subplots(1, len(methods), figsize=(max(7.0, 4.5 * len(methods)), 4.6), squeeze=False, sharey=True)
+    for ax, method in zip(axes[0], methods):
+        part = table[(table["method"] == method) & table["interference"].isin(QUANTITY)]
+        if part.empty:
+            ax.set_title(f"{method}\n(no peer results)", fontsize=8)
+            continue
+        chosen = part["fraction"].iloc[int(np.argmin(np.abs(part["fraction"].to_numpy() - fraction)))]
+        part = part[part["fraction"] == chosen]
+        for colour, interference in zip(("C0", "C1"), QUANTITY):
+            lines = part[part["interference"] == interference].assign(k=lambda d: d["level"].astype(float)).sort_values("k")
+            for side, style in (("high", "-"), ("low", "--")):
+                ax.plot(lines["k"], lines[f"{side}_accuracy"], style, color=colour, marker="o",
+                        label=f"{interference}, {side} NCB")
+                ax.fill_between(lines["k"], lines[f"{side}_accuracy_lo"].astype(float),
+                                lines[f"{side}_accuracy_hi"].astype(float), color=colour, alpha=0.1)
+        ax.set_title(f"{method}\n({part['kind'].iloc[0]}, groups of {chosen:.0%})", fontsize=8)
+        ax.set_xlabel("k of 5 peers repeating the false claim (0 = neutral control)", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("accuracy under interference")
+    axes[0][0].set_ylim(0, 1.02)
+    fig.suptitle(title, fontsize=10)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=2)
+    fig.tight_layout(rect=(0, 0.14, 1, 0.92))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

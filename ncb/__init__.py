@@ -1,0 +1,1 @@
+"""Neighbour-Consistency Belief read from a probe or the zero-shot prompt, and contextual stress tests."""

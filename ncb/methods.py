@@ -1,0 +1,235 @@
+"""The two methods NCB reads: a saved probe at one layer (`method=<cell.json>`) and the zero-shot prompt
+(`method=zero_shot`). Each gives class probabilities [M, K] for the task's statements and scores the
+stress inputs (ncb.interference) the same way.
+
+Probe: the cell's task, split and layer. The clean statements are read from the datapack's store; the
+stress inputs are extracted (extract.run.extract, resumable) into
+`<store_dir>/<model>/<datapack>.ncb-stress.<split>-seed<s>.L<layer>.h5` (its CSV beside it; only that
+layer, in the clean store's dtype) and read with the probe's own representation and tokens
+(tokens=statement: the target's tokens only, never the context's).
+
+Zero-shot: the probabilities of zero_shot.run.task_view (task `zero_shot.task`, multiclass by default:
+the false / true / neither masses renormalised) from the score file of `python -m zero_shot` (the full
+one if it exists, else the held-out one, computed if missing). A stress input's prompt is the zero-shot
+prompt with the context put just before its "Question: Is the following statement correct?" line, in
+the same user turn, so the statement to judge is still the target alone; the N x 7 scores are kept in
+the output folder (`stress_scores.npz`, saved every `save_every` batches, resumed on a rerun).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from evaluation.cells import atomic_write, read_cell
+from evaluation.splits import Split, make_split
+from evaluation.tasks import task_targets
+from extract.errors import ToolkitError, check_name
+from extract.models import load_model
+from extract.run import extract
+from extract.store import KIND_STATEMENT, ActivationStore, store_path
+from ncb.interference import write_datapack
+from probes.artifacts import check_same_model, load_probe, store_summary
+from probes.features import layer_features
+from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
+from zero_shot.run import load_scores, task_view
+from zero_shot.scoring import (LastTokenLogits, PromptScorer, common_prefix_length, compute_scores, load_table,
+                               scores_path)
+
+log = logging.getLogger(__name__)
+QUESTION = "Question: Is the following statement correct? "
+
+
+class NCBError(ToolkitError):
+    """Bad input or settings of `python -m ncb`; one line naming the fix."""
+
+
+@dataclass
+class Method:
+    """One method's view of a datapack.
+
+    name     the output folder's name
+    table    the statement table (extract.statements), N rows
+    split    the split its cells use
+    task     evaluation.tasks name; rows int [M] (table rows) and y int [M] their targets
+    probs    float [M, K] class probabilities of `rows` (NaN rows: not scored)
+    score_stress  stress inputs (ncb.interference.perturbations) -> (probs [P, K], notes for stress.json)
+    """
+    name: str
+    table: pd.DataFrame
+    split: Split
+    task: str
+    rows: np.ndarray
+    y: np.ndarray
+    probs: np.ndarray
+    score_stress: Callable[[pd.DataFrame], tuple[np.ndarray, dict]]
+    info: dict
+
+
+def resolve(cfg: DictConfig) -> tuple[str, dict | None]:
+    """(output folder name, the probe's cell or None for zero_shot), refusing a cell of another model
+    or datapack; reads only the cell."""
+    suffix = "+balance_by_py" if cfg.balance_by_py else ""
+    if str(cfg.method) == "zero_shot":
+        z = cfg.zero_shot
+        return check_name(f"zero_shot_{z.enumeration}_{z.task}_{cfg.split.kind}{suffix}", "method"), None
+    path = Path(str(cfg.method))
+    if path.suffix != ".json":
+        raise NCBError(f"method={cfg.method!r}: give a probe's result cell (results/.../seed=<s>.json) or zero_shot")
+    cell = read_cell(path)
+    config = cell["config"]
+    found = (config.get("model", {}).get("name"), config.get("data", {}).get("name"))
+    if found != (cfg.model.name, cfg.data.name):
+        raise NCBError(f"{path} is a cell of model {found[0]!r}, datapack {found[1]!r}, not {cfg.model.name!r}, "
+                       f"{cfg.data.name!r}: give a cell of this model and datapack (or set model= / data= to its own)")
+    name = f"{config['probe']['name']}_{config['task']['name']}_{config['split']['kind']}_layer{cell['layer']}" \
+           f"_seed{config['seed']}{suffix}"
+    return check_name(name, "method"), cell
+
+
+def require_entities(table: pd.DataFrame, datapack: str) -> None:
+    if (table["object_1"] == "").all():
+        raise NCBError(f"datapack {datapack!r} has no subject entities (object_1): NCB needs statements grouped by "
+                       "entity; use city_locations, med_indications, word_definitions or a CSV with object_1")
+
+
+def load_method(cfg: DictConfig, cell: dict | None, out_dir: Path) -> Method:
+    return probe_method(cfg, cell) if cell is not None else zero_shot_method(cfg, out_dir)
+
+
+def probe_method(cfg: DictConfig, cell: dict) -> Method:
+    """The probe of `cell` applied to the datapack's store (the one it was fitted on)."""
+    probe = load_probe(Path(str(cfg.method)))
+    clean = ActivationStore(store_path(cfg.store_dir, cfg.model.name, cfg.data.name))
+    check_same_model(probe.store, store_summary(clean), str(clean.path))
+    table = clean.table
+    require_entities(table, cfg.data.name)
+    split = make_split(table, **cell["config"]["split"])
+    if split.fingerprint() != cell.get("split", {}).get("fingerprint", split.fingerprint()):
+        raise NCBError(f"{cfg.method}: the store's split differs from the cell's: retrain the probe on this store")
+    task = cell["config"]["task"]["name"]
+    rows, y = task_targets(table["label"].to_numpy(), task)
+    layer = int(probe.layer)
+    probs = probe.predict_proba(layer_features(clean, layer, probe.representation, probe.tokens))[rows]
+
+    def score_stress(frame: pd.DataFrame) -> tuple[np.ndarray, dict]:
+        name = check_name(f"{cfg.data.name}.ncb-stress.{split.kind}-seed{split.seed}.L{layer}", "data.name")
+        csv = write_datapack(frame, store_path(cfg.store_dir, cfg.model.name, name).with_suffix(".csv"))
+        options = {"model": OmegaConf.to_container(cfg.model, resolve=True),
+                   "data": {"name": name, "source": "csv", "path": str(csv), "statement_column": "statement",
+                            "label_column": None},
+                   "store_dir": str(cfg.store_dir), "layers": [layer], "dtype": clean.attrs["dtype"], "limit": None,
+                   "overwrite": bool(cfg.overwrite), **OmegaConf.to_container(cfg.extract, resolve=True)}
+        stressed = ActivationStore(extract(OmegaConf.create(options)))
+        check_same_model(probe.store, store_summary(stressed), str(stressed.path))
+        differ = statement_tokens_differ(clean, stressed, frame["target_row"].to_numpy())
+        if differ:
+            log.warning("%d stress inputs tokenise their target statement differently from the clean store", differ)
+        features = layer_features(stressed, layer, probe.representation, probe.tokens)
+        return probe.predict_proba(features), {"store": str(stressed.path), "statement_tokens_differ": differ}
+
+    info = {"kind": "probe", "cell": str(cfg.method), "task": task, "layer": layer,
+            "representation": probe.representation, "tokens": probe.tokens}
+    return Method(resolve(cfg)[0], table, split, task, rows, y, probs, score_stress, info)
+
+
+def statement_tokens_differ(clean: ActivationStore, stressed: ActivationStore, targets: np.ndarray) -> int:
+    """How many stressed inputs' statement tokens (kind 2: ids) differ from their target's in the clean
+    store (targets int [P]: the clean row of each stressed row)."""
+    def statement_ids(store: ActivationStore, rows) -> list[bytes]:
+        ids, off, kind = store.token_ids, store.offsets, store.token_kind
+        return [ids[off[r]:off[r + 1]][kind[off[r]:off[r + 1]] == KIND_STATEMENT].tobytes() for r in rows]
+
+    clean_ids = dict(zip(np.unique(targets), statement_ids(clean, np.unique(targets))))
+    return sum(a != clean_ids[t] for a, t in zip(statement_ids(stressed, range(len(targets))), targets))
+
+
+def zero_shot_config(cfg: DictConfig, rows: str) -> DictConfig:
+    """The options zero_shot.scoring.compute_scores reads, from ncb's (model, data, split, zero_shot)."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    z = plain["zero_shot"]
+    return OmegaConf.create({"model": plain["model"], "data": plain["data"], "split": plain["split"],
+                             "results_dir": plain["results_dir"], "enumeration": z["enumeration"],
+                             "batch_size": z["batch_size"], "save_every": z["save_every"],
+                             "prefix_cache": z["prefix_cache"], "rows": rows, "limit": None, "overwrite": False})
+
+
+def zero_shot_method(cfg: DictConfig, out_dir: Path) -> Method:
+    """Zero-shot class probabilities of the datapack (clean score file) and of the stress prompts."""
+    table = load_table(cfg)
+    require_entities(table, cfg.data.name)
+    enum = get_enumeration(cfg.zero_shot.enumeration)
+    zcfg = zero_shot_config(cfg, "all")
+    if not scores_path(zcfg).exists():
+        zcfg = zero_shot_config(cfg, "heldout")
+    score_file = compute_scores(zcfg)
+    scores = load_scores([score_file], table)
+    split = make_split(table, **cfg.split)
+    task = str(cfg.zero_shot.task)
+    rows, y = task_targets(table["label"].to_numpy(), task)
+    probs = zero_shot_probs(scores[rows], task)
+
+    def score_stress(frame: pd.DataFrame) -> tuple[np.ndarray, dict]:
+        path = out_dir / "stress_scores.npz"
+        stress = score_prompts(cfg, enum, frame, path)
+        return zero_shot_probs(stress, task), {"scores": str(path)}
+
+    info = {"kind": "zero_shot", "enumeration": enum.name, "task": task, "scores": str(score_file),
+            "context": "before the question line, same user turn"}
+    return Method(resolve(cfg)[0], table, split, task, rows, y, probs, score_stress, info)
+
+
+def zero_shot_probs(scores: np.ndarray, task: str) -> np.ndarray:
+    """[M, 7] option probabilities (NaN rows: not scored) -> the task's class probabilities [M, K]."""
+    scored = ~np.isnan(scores).any(1)
+    probs = task_view(np.where(scored[:, None], scores, 0.0), task)[0].astype(np.float64)
+    probs[~scored] = np.nan
+    return probs
+
+
+def prompt_ids(renderer: PromptRenderer, statement: str, context: str) -> np.ndarray:
+    """Token ids int64 [n] of the zero-shot prompt of `statement` with `context` before its question line."""
+    text = renderer.text(statement)
+    at = text.index(QUESTION)
+    text = text[:at] + context + text[at:]
+    ids = renderer.tokenizer(text, add_special_tokens=not renderer.use_chat_template)["input_ids"]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def score_prompts(cfg: DictConfig, enum, frame: pd.DataFrame, path: Path) -> np.ndarray:
+    """float32 [P, 7] zero-shot scores of the stress inputs, resumed from / saved to `path` (npz: scores,
+    n_done, signature = the model fingerprint and every prompt's ids)."""
+    loaded = load_model(cfg.model)
+    renderer = PromptRenderer(loaded.tokenizer, enum, loaded.use_chat_template)
+    prompts = [prompt_ids(renderer, s, c) for s, c in zip(frame["statement"], frame["context"])]
+    digest = hashlib.sha256(loaded.fingerprint.encode())
+    for p in prompts:
+        digest.update(p.tobytes() + b"|")
+    signature = digest.hexdigest()[:16]
+    scores, done = np.full((len(prompts), 7), np.nan, dtype=np.float32), 0
+    if path.exists() and not cfg.overwrite:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["signature"]) == signature:
+                scores, done = z["scores"], int(z["n_done"])
+    if done == len(prompts):
+        return scores
+    tok = loaded.tokenizer
+    p = common_prefix_length(prompts) if cfg.zero_shot.prefix_cache and len(prompts) > 1 else 0
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    scorer = PromptScorer(loaded.model, option_token_ids(tok, enum.labels), pad_id, loaded.device,
+                          prompts[0][:p] if p else None)
+    size, starts = int(cfg.zero_shot.batch_size), range(done, len(prompts), int(cfg.zero_shot.batch_size))
+    with LastTokenLogits(loaded.model) as head:
+        for i, a in enumerate(tqdm(starts, desc="zero-shot stress", unit="batch")):
+            z = min(len(prompts), a + size)
+            scores[a:z] = scorer(head, prompts[a:z])
+            if (i + 1) % int(cfg.zero_shot.save_every) == 0 or z == len(prompts):
+                atomic_write(path, lambda f: np.savez(f, scores=scores, n_done=np.int64(z), signature=np.str_(signature)))
+    return scores

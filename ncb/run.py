@@ -1,0 +1,175 @@
+"""`python -m ncb`: Neighbour-Consistency Belief of one method on one datapack, and its stress tests.
+
+1. The method (ncb.methods) gives each statement of its task P(y), the probability of its correct label.
+2. Targets = the task's scored statements with at least one neighbour (ncb.neighbourhoods; the others
+   are counted and skipped); ncb and ncb_arith of each; valid = the plain prediction (argmax) is right.
+3. Stress inputs (ncb.interference) for every test target; the high / low groups at each fraction are
+   drawn from the valid test targets that have stress inputs.
+4. Each (interference, level): accuracy of the method's plain prediction on the perturbed inputs of
+   each group, its drop from the clean accuracy (1 for valid targets, so drop = 1 - accuracy), the
+   gap high - low, with cluster-bootstrap 95 % intervals resampling subject entities.
+
+Outputs, `<results_dir>/<model>/<datapack>/ncb/<method>/`, written atomically and skipped when both
+exist (overwrite=true recomputes them, and re-extracts the stress store):
+
+    targets.json  [{row, part, y, p_y, neighbour_rows, neighbour_p, ncb, ncb_arith, valid, group}, ...]
+                  (group: {"0.05": "high" | "low" | null, "0.2": ..., "0.35": ...})
+    stress.json   {method, model, datapack, info, split, options, counts, notes, results: [{interference, level,
+                  fraction, high: {n, n_entities, p_y_mean, ncb_mean, clean_accuracy, accuracy,
+                  accuracy_ci, drop, drop_ci}, low: {...}, gap, gap_ci}, ...]}
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from evaluation.cells import atomic_write
+from evaluation.selective import cluster_bootstrap_indices
+from extract.errors import check_name
+from ncb.interference import perturbations
+from ncb.methods import Method, NCBError, load_method, resolve
+from ncb.neighbourhoods import PARTS, ncb_scores, neighbourhoods, part_of_rows, select_groups
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: DictConfig) -> list[Path]:
+    """Compute (or keep) targets.json and stress.json of `method=`; returns their paths."""
+    fractions = [float(f) for f in cfg.fractions]
+    if not fractions or not all(0 < f < 0.5 for f in fractions) or int(cfg.n_bins) < 1:
+        raise NCBError(f"fractions={list(cfg.fractions)} and n_bins={cfg.n_bins}: give fractions in (0, 0.5), "
+                       "e.g. [0.05,0.2,0.35], and n_bins >= 1")
+    name, cell = resolve(cfg)
+    out = Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / check_name(cfg.data.name, "data.name") \
+        / "ncb" / name
+    paths = [out / "targets.json", out / "stress.json"]
+    if all(p.exists() for p in paths) and not cfg.overwrite:
+        log.info("%s exists (overwrite=true recomputes it)", out)
+        return paths
+    method = load_method(cfg, cell, out)
+    targets = belief_targets(method, float(cfg.clip))
+    test = targets[targets["part"] == "test"]
+    frame = perturbations(method.table, test["row"].to_numpy(), OmegaConf.to_container(cfg.stress.interferences),
+                          str(cfg.stress.neutral))
+    log.info("%d stress inputs for %d test targets", len(frame), frame["target_row"].nunique())
+    stress_probs, notes = method.score_stress(frame)
+    by_row = targets.set_index("row")
+    y = by_row.loc[frame["target_row"], "y"].to_numpy()
+    correct = np.argmax(stress_probs, axis=1) == y
+    pool = test[test["valid"] & test["row"].isin(frame["target_row"])]
+    groups = {f: tuple(pool["row"].to_numpy()[g] for g in select_groups(
+        pool["ncb"].to_numpy(), pool["p_y"].to_numpy(), f, bool(cfg.balance_by_py), int(cfg.n_bins)))
+        for f in fractions}
+    sides = {f"{f:g}": {**{int(r): "low" for r in lo}, **{int(r): "high" for r in h}} for f, (h, lo) in groups.items()}
+    targets["group"] = [{f: side.get(int(r)) for f, side in sides.items()} for r in targets["row"]]
+    results = stress_results(frame, correct, groups, by_row, method.table["object_1"].to_numpy(), cfg)
+    summary = {"method": name, "model": cfg.model.name, "datapack": cfg.data.name, "info": method.info,
+               "split": method.split.summary(),
+               "options": {k: OmegaConf.to_container(cfg, resolve=True)[k]
+                           for k in ("fractions", "balance_by_py", "n_bins", "clip", "n_boot", "seed", "stress")},
+               "counts": {**method_counts(method, targets), "test_targets": int(len(test)),
+                          "stress_inputs": int(len(frame)), "stress_targets": int(frame["target_row"].nunique()),
+                          "group_pool": int(len(pool))},
+               "notes": notes, "results": results}
+    _write_json(paths[0], targets.to_dict(orient="records"))
+    _write_json(paths[1], summary)
+    return paths
+
+
+def belief_targets(method: Method, clip: float) -> pd.DataFrame:
+    """One row per target (scored task statement with a neighbour): row, part, y, p_y, neighbour_rows,
+    neighbour_p, ncb, ncb_arith, valid (argmax right)."""
+    scored = ~np.isnan(method.probs).any(1)
+    rows, y, probs = method.rows[scored], method.y[scored], method.probs[scored]
+    p_y = probs[np.arange(len(rows)), y]
+    position = pd.Series(np.arange(len(rows)), index=rows)
+    parts = part_of_rows(method.split)
+    neighbours = neighbourhoods(method.table["object_1"].to_numpy(), parts, rows)
+    neighbour_p = [p_y[position[n].to_numpy()] for n in neighbours]
+    geo, arith = ncb_scores(p_y, neighbour_p, clip)
+    keep = np.array([len(n) > 0 for n in neighbours], dtype=bool)
+    log.info("%d targets, %d without neighbours skipped", int(keep.sum()), int((~keep).sum()))
+    frame = pd.DataFrame({"row": rows, "part": [PARTS[p] if p >= 0 else "dropped" for p in parts[rows]], "y": y,
+                          "p_y": p_y, "neighbour_rows": [n.tolist() for n in neighbours],
+                          "neighbour_p": [p.tolist() for p in neighbour_p], "ncb": geo, "ncb_arith": arith,
+                          "valid": np.argmax(probs, axis=1) == y})
+    return frame[keep].reset_index(drop=True)
+
+
+def method_counts(method: Method, targets: pd.DataFrame) -> dict:
+    scored = int((~np.isnan(method.probs).any(1)).sum())
+    return {"task_rows": int(len(method.rows)), "not_scored": int(len(method.rows)) - scored,
+            "no_neighbour": scored - int(len(targets)), "targets": int(len(targets)),
+            "valid": int(targets["valid"].sum())}
+
+
+def stress_results(frame: pd.DataFrame, correct: np.ndarray, groups: dict, targets: pd.DataFrame,
+                   entities: np.ndarray, cfg: DictConfig) -> list[dict]:
+    """One entry per (interference, level, fraction), in the templates' order (see the module docstring).
+
+    frame: the stress inputs; correct bool [P] the plain prediction of each is right; groups {fraction:
+    (high rows, low rows)}; targets: belief_targets indexed by row; entities str [N] of the table."""
+    results = []
+    variants = [(i, str(level)) for i, levels in cfg.stress.interferences.items() for level in levels]
+    for interference, level in tqdm(variants, desc="stress bootstrap", unit="variant", leave=False):
+        chosen = ((frame["interference"] == interference) & (frame["level"] == level)).to_numpy()
+        ok = pd.Series(correct[chosen], index=frame["target_row"].to_numpy()[chosen])
+        for fraction, (high, low) in groups.items():
+            high, low = high[np.isin(high, ok.index)], low[np.isin(low, ok.index)]
+            stats = _accuracies(ok[high].to_numpy(), ok[low].to_numpy(), entities[high], entities[low],
+                                int(cfg.n_boot), int(cfg.seed))
+            for side, members in (("high", high), ("low", low)):
+                stats[side] = {"n": int(len(members)), "n_entities": int(len(set(entities[members]))),
+                               "p_y_mean": _mean(targets.loc[members, "p_y"]),
+                               "ncb_mean": _mean(targets.loc[members, "ncb"]), **stats[side]}
+            results.append({"interference": interference, "level": level, "fraction": fraction, **stats})
+    return results
+
+
+def _accuracies(high: np.ndarray, low: np.ndarray, high_entities, low_entities, n_boot: int, seed: int) -> dict:
+    """Accuracy of each group (bool arrays), clean accuracy 1, drop = 1 - accuracy, gap = high - low,
+    with percentile 95 % intervals from one cluster bootstrap over the entities of both groups."""
+    values = np.concatenate([high, low]).astype(np.float64)
+    is_high = np.arange(len(values)) < len(high)
+    draws = []
+    if len(values):
+        for idx in cluster_bootstrap_indices(np.concatenate([high_entities, low_entities]), n_boot, seed):
+            h, lo = values[idx][is_high[idx]], values[idx][~is_high[idx]]
+            draws.append((h.mean() if len(h) else np.nan, lo.mean() if len(lo) else np.nan))
+    draws = np.asarray(draws, dtype=np.float64).reshape(-1, 2)
+
+    def interval(x):
+        x = x[~np.isnan(x)]
+        return [float(v) for v in np.percentile(x, [2.5, 97.5])] if len(x) else None
+
+    acc = [_mean(high), _mean(low)]
+    out = {}
+    for k, side in enumerate(("high", "low")):
+        ci = interval(draws[:, k])
+        out[side] = {"clean_accuracy": None if acc[k] is None else 1.0, "accuracy": acc[k], "accuracy_ci": ci,
+                     "drop": None if acc[k] is None else 1.0 - acc[k],
+                     "drop_ci": None if ci is None else [1.0 - ci[1], 1.0 - ci[0]]}
+    out["gap"] = None if None in acc else acc[0] - acc[1]
+    out["gap_ci"] = interval(draws[:, 0] - draws[:, 1])
+    return out
+
+
+def _mean(x) -> float | None:
+    x = np.asarray(x, dtype=np.float64)
+    return float(x.mean()) if len(x) else None
+
+
+def _write_json(path: Path, value) -> None:
+    data = json.dumps(value, allow_nan=False, default=_plain).encode()
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _plain(x):
+    """numpy scalars as Python numbers (NaN as null is done by the caller's data)."""
+    return x.item() if hasattr(x, "item") else str(x)
