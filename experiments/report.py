@@ -12,6 +12,10 @@ Reads every cell under <results_dir>/<model>/<datapack>/ and writes to <reports_
     reliability.png         reliability diagram (test split) of every probe at its best layer, first task, with ECE
     risk_coverage.png       risk-coverage curves of every probe at its best layer (and zero-shot), one panel per task
     aurc_by_layer.png       AURC (lower is better) against layer, one panel per task
+    ncb.csv, ncb.md, ncb_stress.png         when `python -m ncb` results exist (experiments/ncb_report.py)
+    truthfulqa_probe_mc.*, knows_vs_says.png  for data=truthfulqa (experiments/truthfulqa_report.py)
+    ../transfer.*, ../transfer_<task>.png   the model's transfer matrix, when apply_probe transfer cells
+                                            exist (experiments/transfer.py)
 
 The best-layer table also says whether the best probe of each task (by calibration MCC) is
 significantly better than the runner-up on test: paired bootstrap of the MCC difference (whole
@@ -25,75 +29,20 @@ import logging
 from pathlib import Path
 
 import hydra
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from evaluation.cells import CellError, read_cell
 from experiments import plots
 from experiments.compare import compare_cells
-from extract.errors import check_name, run_entry
+from experiments.tables import best_layers, cell_of, layer_table, load_cells
+from experiments.cross_model import write_cross_model
+from experiments.ncb_report import write_ncb
+from experiments.transfer import DATAPACKS, write_transfer
+from experiments.truthfulqa_report import write_truthfulqa
+from extract.statements import TRUTHFULQA
+from extract.errors import run_entry
 
 log = logging.getLogger(__name__)
-METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
-
-
-def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
-    """One row per cell: probe, task, split, layer (<NA> for methods without a layer), seed,
-    n_layers, metrics, path; everything is read from the cells themselves (evaluation.cells)."""
-    root = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data")
-    rows = []
-    for path in sorted(root.glob("*/*/*/layer=*/seed=*.json")):
-        cell = read_cell(path)
-        config, m = cell["config"], cell["metrics"]
-        rows.append({"probe": config["probe"]["name"], "task": config["task"]["name"],
-                     "split": cell["split"]["kind"], "layer": cell["layer"], "seed": config["seed"],
-                     "n_layers": cell.get("store", {}).get("n_layers"),
-                     "cal_mcc": cell.get("calibration_metrics", {}).get("mcc_all"),
-                     **{k: m.get(k) for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
-                     "path": str(path)})
-    if not rows:
-        raise CellError(f"no result cells under {root}: run `python -m train_probe` first")
-    cells = pd.DataFrame(rows)
-    cells["layer"] = cells["layer"].astype("Int64")
-    return cells
-
-
-def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """Aggregate seeds: mean of each metric and its interval (bootstrap for one seed, mean +/- sd across seeds)."""
-    out = []
-    for key, g in cells.groupby(["probe", "task", "split", "layer"], sort=True, dropna=False):
-        row = dict(zip(["probe", "task", "split", "layer"], key), n_seeds=len(g), n_layers=g["n_layers"].iloc[0],
-                   cal_mcc=g["cal_mcc"].mean())
-        for k in METRICS:
-            row[k] = pd.to_numeric(g[k]).mean()
-            if k in ("mcc", "wmcc"):
-                bounds = np.array([ci for ci in g[f"{k}_ci"] if ci is not None], dtype=float).reshape(-1, 2)
-                row[f"{k}_boot_lo"], row[f"{k}_boot_hi"] = bounds.mean(0) if len(bounds) else (np.nan, np.nan)
-            if len(g) > 1:
-                sd = g[k].std(ddof=1)
-                row[f"{k}_seed_sd"] = sd
-                row[f"{k}_lo"], row[f"{k}_hi"] = row[k] - sd, row[k] + sd
-            elif k in ("mcc", "wmcc"):
-                row[f"{k}_lo"], row[f"{k}_hi"] = row[f"{k}_boot_lo"], row[f"{k}_boot_hi"]
-        out.append(row)
-    table = pd.DataFrame(out)
-    table["layer"] = table["layer"].astype("Int64")
-    return table
-
-
-def best_layers(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (probe, task, split): the layer with the highest calibration MCC (zero-shot rows excluded)."""
-    probes = table[table["layer"].notna()]
-    idx = probes.groupby(["probe", "task", "split"])["cal_mcc"].idxmax()
-    return probes.loc[idx].reset_index(drop=True)
-
-
-def cell_of(cells: pd.DataFrame, row: pd.Series) -> dict:
-    """The first seed's cell of a (probe, task, split, layer) row."""
-    keys = ["probe", "task", "split", "layer"]
-    match = cells[(cells[keys[:3]] == row[keys[:3]]).all(axis=1) & (cells["layer"] == row["layer"])]
-    return read_cell(Path(match.sort_values("seed")["path"].iloc[0]))
 
 
 def best_vs_runner_up(cells: pd.DataFrame, best: pd.DataFrame, n_boot: int = 500) -> pd.DataFrame:
@@ -136,6 +85,11 @@ def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str
         first_task = sorted(best["task"])[0]
         plots.reliability({p: c for (p, t), c in chosen.items() if t == first_task}, out / "reliability.png",
                           f"{title}: {first_task}")
+    write_ncb(results_dir, out, model, datapack)             # nothing when `python -m ncb` has not run
+    if datapack == TRUTHFULQA:
+        write_truthfulqa(results_dir, out, model)               # probe vs likelihood MC1 / MC2
+    if any(Path(results_dir, model).glob("*->*")):              # apply_probe transfer cells exist
+        write_transfer(results_dir, reports_dir, model)
     log.info("report written to %s (%d cells)", out, len(cells))
     return out
 
@@ -166,7 +120,10 @@ def _versus_markdown(versus: pd.DataFrame) -> str:
 
 
 def report(cfg: DictConfig) -> Path:
-    return write_report(Path(cfg.results_dir), Path(cfg.reports_dir), cfg.model.name, cfg.data.name)
+    out = write_report(Path(cfg.results_dir), Path(cfg.reports_dir), cfg.model.name, cfg.data.name)
+    if cfg.cross_model:   # several models: the cross-model view of the three Trilemma datapacks
+        write_cross_model(cfg.results_dir, cfg.reports_dir, list(cfg.cross_model), list(DATAPACKS))
+    return out
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="report")

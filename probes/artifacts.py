@@ -1,17 +1,23 @@
-"""Fitted probes you can keep: a result cell's heads saved beside it, loaded back without Hydra or
-the store.
+"""Fitted probes you can keep: fitted and calibrated in one call, saved beside a result cell, loaded
+back without Hydra or the store.
 
     results/.../layer=<k>/seed=<s>.json                the cell (config, score map, conformal state)
     results/.../layer=<k>/seed=<s>.probe.safetensors   the fitted heads' tensors (head<i>.<name>)
 
-`load_probe(path)` (either file) returns a `FittedProbe` that scores raw activations of the stored
-layer exactly as the cell did: X [n, d] statement vectors (last / mean representation, as the
-cell's probe read them; the probe applies its own standardiser), or `(X [T, d], offsets [n+1])`
-token bags for samil. numpy arrays and torch tensors are accepted, so activations from other tools
-(nnsight, TransformerLens) can be probed too.
+`fit_probe(probe, X, y, train, cal)` fits a probe's heads on the training rows, maps their scores to
+probabilities (on out-of-fold training scores) and calibrates conformal sets on the calibration rows,
+as `python -m train_probe` does. `load_probe(path)` (either file) returns the same `FittedProbe`,
+which scores raw activations of the stored layer exactly as the cell did: X [n, d] statement vectors
+(last / mean representation, as the probe read them; the probe applies its own standardiser), or
+`(X [T, d], offsets [n+1])` token bags for samil. numpy arrays and torch tensors are accepted, so
+activations from other tools (nnsight, TransformerLens) can be probed too.
+
+A cell also records the store its probe was fitted on (`store_summary`); `check_same_model` refuses a
+store or model whose inputs differ from it (weights, tokenizer, template, dtypes).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +27,42 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from evaluation.calibration import ScoreMap
-from evaluation.cells import CellError, atomic_write, read_cell
+from evaluation.cells import CellError, atomic_write, read_cell, write_cell
 from evaluation.conformal import ConformalClassifier, ReferenceConformal
-from probes.base import Probe
+from extract.errors import ToolkitError
+from probes.base import Probe, ProbeError, check_choice
 from probes.features import Features
+from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
 
 SUFFIX = ".probe.safetensors"
+# the store attributes a cell records; MODEL_KEYS of them must agree wherever the probe is applied
+STORE_KEYS = ("model_id", "model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "n_layers", "hidden_size",
+              "dtype", "chat_template", "chat_template_text", "system_prompt", "datapack")
+MODEL_KEYS = ("model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "dtype", "chat_template",
+              "chat_template_text", "system_prompt")
+
+
+class ModelMismatch(ToolkitError):
+    """A store or model whose inputs differ from those a probe was fitted on."""
+
+
+def store_summary(store) -> dict:
+    """The attributes of an ActivationStore that a cell records (STORE_KEYS), as plain values."""
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in store.attrs.items() if k in STORE_KEYS}
+
+
+def check_same_model(recorded: dict, found: dict, where: str) -> None:
+    """Refuse `found` (a store's attributes, or those of a loaded model) unless it agrees with the
+    probe's `recorded` store on every MODEL_KEYS entry both hold (cells written before a key was
+    recorded are not compared on it); the model fingerprint must be recorded."""
+    if "model_fingerprint" not in recorded:
+        raise ModelMismatch("the probe's cell records no model fingerprint: retrain it (overwrite=true)")
+    for key in MODEL_KEYS:
+        if key in recorded and key in found and recorded[key] != found[key]:
+            a, b = recorded[key], found[key]
+            shown = f" ({b!r}, the probe's {a!r})" if len(repr(a)) + len(repr(b)) < 160 else ""
+            raise ModelMismatch(f"{where} has another {key}{shown} than the store the probe was fitted on: apply "
+                                "it to activations of the same model, extracted with the same settings")
 
 
 def artifact_path(cell: Path) -> Path:
@@ -42,47 +78,136 @@ def save_heads(path: Path, heads: list[Probe]) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
+def build_probe(spec: dict, accelerator: str = "auto") -> Probe:
+    """A fresh, unfitted probe from a `probe:` config (conf/probe/*.yaml as a dict): `_target_` names a
+    Probe class of this package, the other keys (except `name`) are its constructor arguments."""
+    options = {k: v for k, v in spec.items() if k not in ("name", "_target_")}
+    target = str(spec.get("_target_", ""))
+    cls = get_class(target) if target.startswith("probes.") else None
+    if not (isinstance(cls, type) and issubclass(cls, Probe)):
+        raise ProbeError(f"probe._target_={target!r}: a probe class of this toolkit (probes.*) is required")
+    nested = [k for k, v in options.items() if isinstance(v, dict)]
+    if nested:
+        raise ProbeError(f"probe.{nested[0]}: probe options are plain values or lists, not nested groups; remove it")
+    try:
+        return cls(**options, accelerator=accelerator)
+    except (TypeError, ProbeError) as err:  # an unknown or bad option
+        raise ProbeError(f"probe={spec.get('name', target)}: {err}") from None
+
+
+def as_features(X) -> Features:
+    """Features from statement vectors [n, d] (numpy or torch), `(tokens [T, d], offsets [n+1])` bags,
+    or Features (returned as they are)."""
+    if isinstance(X, Features):
+        return X
+    if isinstance(X, tuple):
+        tokens, offsets = (torch.as_tensor(np.asarray(a)) for a in X)
+        return Features(tokens.float(), offsets.long())
+    return Features(torch.as_tensor(np.asarray(X, dtype=np.float32)))
+
+
 class FittedProbe:
-    """A cell's fitted and calibrated probe (see the module docstring for the input X)."""
+    """A fitted and calibrated probe (see the module docstring for the input X).
 
-    def __init__(self, cell: dict, heads: list[Probe]):
-        self.cell, self.heads = cell, heads
-        self.layer, self.store = cell["layer"], cell.get("store", {})
+    spec        its `probe:` config (`_target_`, options, name)
+    heads       one fitted Probe (binary tasks) or one per class (multiclass, one-vs-all)
+    calibration the cell's calibration block: how the score map was fitted (kind, n_folds, n_rows) and
+                the map itself (heads' scores [n, heads] -> class probabilities [n, K])
+    conformal   the calibrated ConformalClassifier (LAC) or ReferenceConformal
+    layer, store   the layer it reads and the summary of the store it was fitted on (None / {} if unknown)
+    cell        the result cell it was loaded from (None for a probe fitted in this process)
+    """
+
+    def __init__(self, spec: dict, heads: list[Probe], calibration: dict, conformal, layer: int | None = None,
+                 store: dict | None = None, cell: dict | None = None):
+        self.spec, self.heads, self.calibration, self.conformal = spec, heads, calibration, conformal
+        self.layer, self.store, self.cell = layer, store or {}, cell
+        self.score_map = ScoreMap.from_dict(calibration["map"])
         self.representation, self.tokens = heads[0].representation, heads[0].tokens
-        self.score_map = ScoreMap.from_dict(cell["calibration"]["map"])
-        conformal = cell["conformal"]
-        self.reference = "calibration_scores" in conformal
-        self.conformal = (ReferenceConformal if self.reference else ConformalClassifier).from_dict(conformal)
-
-    def _features(self, X) -> Features:
-        if isinstance(X, Features):
-            return X
-        if isinstance(X, tuple):
-            tokens, offsets = (torch.as_tensor(np.asarray(a)) for a in X)
-            return Features(tokens.float(), offsets.long())
-        return Features(torch.as_tensor(np.asarray(X, dtype=np.float32)))
+        self.procedure = "reference" if isinstance(conformal, ReferenceConformal) else "lac"
 
     def decision_function(self, X) -> np.ndarray:
         """float [n, heads]: one score per head (one head for binary tasks, one per class for multiclass)."""
-        data = self._features(X)
+        data = as_features(X)
         return np.stack([np.asarray(h.decision_function(data), dtype=np.float64) for h in self.heads], axis=1)
 
     def predict_proba(self, X) -> np.ndarray:
         """float [n, K] class probabilities (K = 2 for binary tasks)."""
         return self.score_map.predict_proba(self.decision_function(X))
 
-    def _conformal_input(self, X) -> np.ndarray:
+    def score(self, X) -> dict[str, np.ndarray]:
+        """Everything at once (the heads run once): scores [n, heads], probs [n, K], sets bool [n, K]
+        and pred int [n] (the label of a one-label set, -1 = abstain)."""
         scores = self.decision_function(X)
         probs = self.score_map.predict_proba(scores)
-        return scores[:, 0] if self.reference and probs.shape[1] == 2 else probs
+        values = conformal_input(scores, probs, self.procedure)
+        return {"scores": scores, "probs": probs, "sets": self.conformal.predict_sets(values),
+                "pred": self.conformal.predict(values)}
 
     def predict_set(self, X) -> np.ndarray:
         """bool [n, K] conformal prediction sets."""
-        return self.conformal.predict_sets(self._conformal_input(X))
+        return self.score(X)["sets"]
 
     def predict(self, X) -> np.ndarray:
         """int [n]: the label of a one-label set, -1 (abstain) otherwise."""
-        return self.conformal.predict(self._conformal_input(X))
+        return self.score(X)["pred"]
+
+    def to_cell(self) -> dict:
+        """The probe's part of a result cell (what `load_probe` reads back with the heads' file)."""
+        targets = range(len(self.heads)) if len(self.heads) > 1 else [1]
+        return {"config": {"probe": self.spec}, "layer": self.layer, "store": self.store,
+                "probe_params": {str(c): h.params() for c, h in zip(targets, self.heads)},
+                "calibration": self.calibration, "conformal": self.conformal.to_dict()}
+
+    def save(self, path) -> Path:
+        """Write the probe as a cell without evaluation (`metrics` and `test` empty) at `path` (.json),
+        its heads beside it; `load_probe(path)` reads it back."""
+        path = Path(path)
+        save_heads(artifact_path(path), self.heads)
+        write_cell(path, {**self.to_cell(), "metrics": {}, "test": {}})
+        return path
+
+
+def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None = None, groups=None,
+              layer: int | None = None, store=None, alpha: float = 0.1, mondrian: bool = False,
+              conformal: str = "lac", calibration: str = "out_of_fold", calibration_folds: int = 3, seed: int = 0,
+              accelerator: str = "auto", **options) -> FittedProbe:
+    """Fit and calibrate a probe on rows `train` / `cal` of X, as `python -m train_probe` does
+    (probes.fitting: the same heads, folds, score map and conformal sets).
+
+    probe: a probe name of conf/probe/ (linear, mlp, mean_diff, samil), its options overridden by
+        `options` (e.g. C=1.0), or a whole `probe:` config dict.
+    X: statement vectors [n, d], `(tokens [T, d], offsets [n+1])` bags, or Features.
+    y: int [n] labels (the store's 0 false / 1 true / 2 neither, or any 0..K-1 coding).
+    classes: the labels with a head: one label for a binary probe (target y == it), several for a
+        multiclass one (targets y, one-vs-all heads); default [1] for 0/1 labels, else every label.
+    train, cal: int row indices into X; groups: int [n] entity of each row (grouped folds), or None
+        (then Features' own groups, if any).
+    The heads are fitted on `train`; the score map on their out-of-fold training scores
+    (calibration="out_of_fold", `calibration_folds` grouped folds; "in_sample": on the final heads'
+    training scores); conformal sets (lac, or the reference code's p-values) on `cal` at level `alpha`.
+    layer / store (an ActivationStore): recorded with the probe."""
+    if isinstance(probe, str):
+        from extract.config import compose_config  # Hydra composition, only for a probe given by name
+
+        spec = {**dict(compose_config("train_probe", f"probe={probe}").probe), **options}
+    else:
+        spec = {**probe, **options}
+    check_choice("calibration", calibration, CALIBRATIONS)
+    check_choice("conformal.name", conformal, CONFORMAL)
+    features = as_features(X)
+    if groups is not None:
+        features = Features(features.X, features.offsets, np.asarray(groups))
+    labels, train, cal = (np.asarray(a, dtype=np.int64) for a in (y, train, cal))
+    classes = classes or ([1] if labels.max() <= 1 else list(range(int(labels.max()) + 1)))
+    target = labels if len(classes) > 1 else (labels == classes[0]).astype(np.int64)
+    folds = int(calibration_folds) if calibration == "out_of_fold" else 0
+    bank = HeadBank(build_probe(spec, accelerator), features, labels, train, folds, int(seed))
+    heads, scores = [bank.head(c) for c in classes], bank.scores(classes)
+    oof = bank.out_of_fold(classes) if calibration == "out_of_fold" else None
+    _, predictor, summary = calibrate(scores, target, train, cal, oof, len(bank.folds), calibration, alpha,
+                                      conformal, mondrian)
+    return FittedProbe(spec, heads, summary, predictor, layer, None if store is None else store_summary(store))
 
 
 def load_probe(path) -> FittedProbe:
@@ -93,17 +218,20 @@ def load_probe(path) -> FittedProbe:
     if not weights.is_file():
         raise CellError(f"{cell_file} has no saved probe ({weights.name}): rerun train_probe with overwrite=true")
     tensors = load_tensors(weights.read_bytes())
-    options = {k: v for k, v in cell["config"]["probe"].items() if k not in ("name", "_target_")}
-    target = str(cell["config"]["probe"]["_target_"])
-    cls = get_class(target) if target.startswith("probes.") else None
-    if not (isinstance(cls, type) and issubclass(cls, Probe)):
-        raise CellError(f"{cell_file}: probe class {target!r} is not a probe of this toolkit")
+    spec = cell["config"]["probe"]
+    try:
+        template = build_probe(spec, accelerator="cpu")
+    except ProbeError as err:
+        raise CellError(f"{cell_file}: {err}") from None
     heads = []
     for i, params in enumerate(cell["probe_params"].values()):
-        head = cls(**options, accelerator="cpu")
+        head = copy.deepcopy(template)
         state = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"head{i}.")}
         if "_extra_state" in head.state_dict():
             state["_extra_state"] = {"params": params}
         head.load_state_dict(state)
         heads.append(head.eval())
-    return FittedProbe(cell, heads)
+    conformal = cell["conformal"]
+    kind = ReferenceConformal if "calibration_scores" in conformal else ConformalClassifier
+    return FittedProbe(spec, heads, cell["calibration"], kind.from_dict(conformal), cell["layer"], cell.get("store"),
+                       cell)

@@ -153,7 +153,7 @@ def kfold_splits(y: np.ndarray, groups: np.ndarray | None, n_splits: int, seed: 
             return []
         folds = list(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
     # a fold whose training part misses a class cannot be fitted
-    return [(tr, te) for tr, te in folds if len(np.unique(y[tr])) == 2 and len(te) > 0]
+    return [(tr, te) for tr, te in folds if len(np.unique(y[tr])) == len(np.unique(y)) and len(te) > 0]
 
 
 def holdout_split(y: np.ndarray, groups: np.ndarray | None, fraction: float, seed: int):

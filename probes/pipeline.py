@@ -1,65 +1,93 @@
 """`python -m train_probe`: for each requested layer, fit a probe on the training split, map its
 scores to probabilities (evaluation.calibration, fitted on out-of-fold training scores), calibrate
 conformal sets on the calibration split, evaluate on test, and write one result cell per (model,
-datapack, method, task, split, layer, seed) (evaluation.cells).
+datapack, method, task, split, layer, seed) (evaluation.cells). With several tasks (`tasks=[...]`)
+each layer is read once and its heads are fitted once for all of them (probes.fitting.HeadBank).
 """
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
 from pathlib import Path
 
-import lightning as L
 import numpy as np
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.calibration import ScoreMap
 from evaluation.cells import cell_path, write_cell
-from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal, acceptance_by_label
-from evaluation.metrics import auroc, evaluate, mcc, plain_prediction, resampling_groups
+from evaluation.conformal import ConformalError
+from evaluation.metrics import cell_metrics, mcc, plain_prediction, raw_auroc, resampling_groups
+from evaluation.multiple_choice import probe_mc
 from evaluation.splits import entity_groups, make_split
-from evaluation.tasks import task_targets
+from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
+from extract.statements import FALSE, NEITHER, TRUE, TRUTHFULQA
 from extract.store import ActivationStore, select_layers, store_path
-from probes.artifacts import artifact_path, save_heads
-from probes.base import Probe, ProbeError, check_choice, kfold_splits
+from probes.artifacts import artifact_path, build_probe, save_heads, store_summary
+from probes.base import Probe, check_choice
 from probes.features import Features, layer_features
+from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
 from probes.schema import validate
 
 log = logging.getLogger(__name__)
-CALIBRATIONS = ("out_of_fold", "in_sample")
-CONFORMAL = ("lac", "reference")
 
 
 def train_probes(cfg: DictConfig) -> list[Path]:
-    """Run every requested layer of one (probe, task); returns the cell paths (existing ones kept)."""
+    """Run every requested layer of one probe and its task(s); returns the cell paths (existing ones
+    kept). Each layer is read once; heads shared by several tasks are fitted once (probes.fitting)."""
     cfg = validate(cfg)         # types and ranges of the run's options, before any work
     template = make_probe(cfg)  # bad probe options fail here, even if every cell exists
     method_name(cfg)            # so do bad calibration / conformal choices
+    tasks = task_names(cfg)
     store = ActivationStore(store_path(cfg.store_dir, cfg.model.name, cfg.data.name))
     layers = select_layers(cfg.layer, store.n_layers, store.layers, option="layer")
-    paths = {k: probe_cell_path(cfg, k) for k in layers}
-    todo = [k for k in layers if cfg.overwrite or not paths[k].exists()]
-    if len(todo) < len(layers):
-        log.info("%d of %d cells exist already (overwrite=true recomputes them)", len(layers) - len(todo), len(layers))
+    paths = {(t, k): probe_cell_path(cfg, k, t) for k in layers for t in tasks}
+    todo = {k: [t for t in tasks if cfg.overwrite or not paths[t, k].exists()] for k in layers}
+    todo = {k: ts for k, ts in todo.items() if ts}
+    n_todo = sum(len(ts) for ts in todo.values())
+    if n_todo < len(paths):
+        log.info("%d of %d cells exist already (overwrite=true recomputes them)", len(paths) - n_todo, len(paths))
     if todo:
         table = store.table
-        rows, y = task_targets(table["label"].to_numpy(), cfg.task.name)
+        labels = table["label"].to_numpy()
+        targets = {t: task_targets(labels, t) for t in tasks}   # every task checked before any fit
         split = make_split(table, **cfg.split)
-        parts = {name: _positions(rows, getattr(split, name)) for name in ("train", "calibration", "test")}
-        groups = entity_groups(table)[rows]
-        for k in tqdm(todo, desc=f"{cfg.probe.name} {cfg.task.name}", unit="layer"):
-            features = layer_features(store, k, template.representation, template.tokens).subset(rows)
+        groups = entity_groups(table)
+        desc = f"{cfg.probe.name} {tasks[0] if len(tasks) == 1 else f'{len(tasks)} tasks'}"
+        for k in tqdm(todo, desc=desc, unit="layer"):
+            features = layer_features(store, k, template.representation, template.tokens)
             features.groups = groups
-            cell, heads = fit_and_evaluate(cfg, template, features, y, parts)
-            cell.update(layer=k, split=split.summary(), store=_store_summary(store))
-            save_heads(artifact_path(paths[k]), heads)   # before the cell: a cell always has its probe
-            write_cell(paths[k], cell)
-    return [paths[k] for k in layers]
+            banks: dict[bytes, tuple[HeadBank, dict]] = {}   # one bank per set of statements
+            for t in todo[k]:
+                rows, y = targets[t]
+                key = rows.tobytes()
+                if key not in banks:
+                    parts = {name: _positions(rows, getattr(split, name)) for name in ("train", "calibration", "test")}
+                    banks[key] = (HeadBank(template, features.subset(rows), labels[rows], parts["train"],
+                                           _calibration_folds(cfg), int(cfg.seed)), parts)
+                bank, parts = banks[key]
+                cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t))
+                if cfg.data.name == TRUTHFULQA and t in ("true_vs_all", "true_vs_false"):   # probe MC1 / MC2
+                    cell["metrics"].update(probe_mc(table, rows[parts["test"]], np.asarray(cell["test"]["probs"])[:, 1],
+                                                    seed=cfg.seed, n_boot=cfg.n_boot))
+                cell.update(layer=k, split=split.summary(), store=store_summary(store))
+                save_heads(artifact_path(paths[t, k]), heads)   # before the cell: a cell always has its probe
+                write_cell(paths[t, k], cell)
+    return [paths[t, k] for k in layers for t in tasks]
+
+
+def task_names(cfg: DictConfig) -> list[str]:
+    """The run's tasks: `tasks=[...]` (several tasks sharing each layer's heads) or the `task` group."""
+    option, tasks = ("task", [cfg.task.name]) if cfg.get("tasks") is None else ("tasks", list(cfg.tasks))
+    for t in tasks:
+        check_choice(option, t, TASKS)
+    return list(dict.fromkeys(tasks))
+
+
+def head_classes(task: str) -> list[int]:
+    """The label-column classes whose heads a task uses: one per class for multiclass, else the
+    positive class."""
+    return [FALSE, TRUE, NEITHER] if task == "multiclass" else [POSITIVE[task]]
 
 
 def method_name(cfg: DictConfig) -> str:
@@ -73,51 +101,49 @@ def method_name(cfg: DictConfig) -> str:
     return check_name("+".join([cfg.probe.name, *extras]), "probe.name")
 
 
-def probe_cell_path(cfg: DictConfig, layer: int) -> Path:
-    return cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, method_name(cfg), cfg.task.name, cfg.split.kind,
-                     layer, cfg.seed)
+def probe_cell_path(cfg: DictConfig, layer: int, task: str | None = None) -> Path:
+    return cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, method_name(cfg), task or cfg.task.name,
+                     cfg.split.kind, layer, cfg.seed)
+
+
+def _calibration_folds(cfg: DictConfig) -> int:
+    return int(cfg.calibration_folds) if cfg.calibration == "out_of_fold" else 0
 
 
 def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np.ndarray,
                      parts: dict[str, np.ndarray]) -> tuple[dict, list[Probe]]:
-    """One probe at one layer: fit on train, scores -> probabilities -> conformal sets -> metrics.
+    """One probe at one layer on its own: heads keyed by the targets `y` themselves (one head, class
+    1, for binary y; one per class for multiclass); see `task_cell`."""
+    bank = HeadBank(template, features, y, parts["train"], _calibration_folds(cfg), int(cfg.seed))
+    classes = [1] if int(y.max()) == 1 else list(range(int(y.max()) + 1))
+    return task_cell(cfg, cfg.task.name, bank, y, parts, classes)
 
-    One head per class (one-vs-all) for multiclass, else one head; each a fresh copy of `template`.
-    Returns the cell and the fitted heads (saved beside it by probes.artifacts).
-    The score map (and the multiclass stacker) is fitted on out-of-fold training scores
-    (calibration=out_of_fold: copies fitted on the grouped folds' training parts score their held-out
-    parts) or on the final heads' own training scores (calibration=in_sample)."""
+
+def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: dict[str, np.ndarray],
+              classes: list[int]) -> tuple[dict, list[Probe]]:
+    """One task's cell at one layer from the bank's heads of `classes`: scores -> probabilities (map
+    fitted on out-of-fold training scores, or in sample) -> conformal sets -> metrics on test.
+    Returns the cell and the task's fitted heads (saved beside it by probes.artifacts)."""
     train, cal, test = parts["train"], parts["calibration"], parts["test"]
     started = time.perf_counter()
-    classes = int(y.max()) + 1
-    targets = list(range(classes)) if classes > 2 else [1]
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    heads = [copy.deepcopy(template).fit(features.subset(train), (y[train] == c).astype(np.int64)) for c in targets]
-    scores = np.stack([probe.decision_function(features) for probe in heads], axis=1)  # [N, heads]
-    map_rows, map_scores, n_folds, kind = train, scores[train], 0, "in_sample"
-    if cfg.calibration == "out_of_fold":
-        oof = out_of_fold_scores(template, features, y, train, targets, int(cfg.calibration_folds), int(cfg.seed))
-        map_rows, map_scores, n_folds = oof if oof is not None else (map_rows, map_scores, 0)
-        kind = "out_of_fold" if oof is not None else "in_sample (too few groups for out-of-fold scores)"
-    score_map = ScoreMap().fit(map_scores, y[map_rows])
+    heads = [bank.head(c) for c in classes]
+    scores = bank.scores(classes)  # [M, heads]
+    oof = bank.out_of_fold(classes) if cfg.calibration == "out_of_fold" else None
+    score_map, conformal, calibration = calibrate(scores, y, train, cal, oof, len(bank.folds), cfg.calibration,
+                                                  cfg.alpha, cfg.conformal.name, cfg.mondrian)
     probs = score_map.predict_proba(scores)
-    if cfg.conformal.name == "reference":  # exp(-(2y-1) f) on raw binary scores; margin on the stacker's probabilities
-        values = scores[:, 0] if classes == 2 else probs
-        conformal = ReferenceConformal("symmetric" if classes == 2 else "margin", classes).fit(values[cal], y[cal],
-                                                                                              alpha=cfg.alpha)
-    else:
-        values = probs
-        conformal = ConformalClassifier().fit(probs[cal], y[cal], alpha=cfg.alpha, mondrian=cfg.mondrian)
+    values = conformal_input(scores, probs, cfg.conformal.name)
     sets = conformal.predict_sets(values[test])
     pred = conformal.predict(values[test])
-    metrics = evaluate(y[test], pred, probs[test], sets=sets, seed=cfg.seed, n_boot=cfg.n_boot,
-                       groups=resampling_groups(cfg.bootstrap, features.groups[test]))
-    metrics["auroc_probs"] = metrics["auroc"]  # from the mapped probabilities; "auroc" is from the raw scores
-    metrics["auroc"] = _finite(auroc(y[test], _rank_scores(scores[test])))
-    metrics.update(acceptance_by_label(pred, classes))
+    n_classes = int(y.max()) + 1
+    metrics = cell_metrics(y[test], scores[test], probs[test], pred, sets, seed=cfg.seed, n_boot=cfg.n_boot,
+                           groups=resampling_groups(cfg.bootstrap, bank.features.groups[test]))
+    targets = list(range(n_classes)) if n_classes > 2 else [1]
     params = {str(c): probe.params() for c, probe in zip(targets, heads)}
     degenerate = any(p.get("degenerate", False) for p in params.values()) or bool((np.ptp(scores[train], 0) == 0).any())
     config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("tasks", None)
+    config["task"] = {"name": task}
     config["probe"]["name"] = method_name(cfg)  # a report tells <probe>+in_sample / +reference cells apart
     cell = {
         "config": {**config, "model": {"name": cfg.model.name},
@@ -127,79 +153,27 @@ def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np
         "degenerate": degenerate,  # a head with ||w|| ~ 0 or constant training scores: its metrics are a constant's
         "metrics": metrics,
         "calibration_metrics": {"mcc_all": mcc(y[cal], plain_prediction(probs[cal])),
-                                "auroc": _finite(auroc(y[cal], _rank_scores(scores[cal])))},
+                                "auroc": raw_auroc(y[cal], scores[cal])},
         "probe_params": params,
-        "calibration": {"kind": kind, "n_folds": n_folds, "n_rows": int(len(map_rows)), "map": score_map.to_dict()},
+        "calibration": calibration,
         "conformal": conformal.to_dict(),
-        "fit_seconds": time.perf_counter() - started,
-        "test": {"rows": test.tolist(), "y": y[test].tolist(), "groups": features.groups[test].tolist(),
+        "fit_seconds": time.perf_counter() - started,  # heads another task of the layer fitted first cost 0 here
+        "test": {"rows": test.tolist(), "y": y[test].tolist(), "groups": bank.features.groups[test].tolist(),
                  "scores": scores[test].tolist(),
                  "probs": probs[test].tolist(), "sets": sets.astype(int).tolist(), "pred": pred.tolist()},
     }
     return cell, heads
 
 
-def out_of_fold_scores(template: Probe, features: Features, y: np.ndarray, train: np.ndarray, targets: list[int],
-                       n_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(rows [M], scores [M, heads], folds used): the training rows held out by grouped, stratified
-    folds (probes.base.kfold_splits on the training groups), scored by copies of `template` fitted on
-    their fold's training part. Folds where a head's target has one class are skipped (their rows are
-    left out); None when no fold is usable (too few groups)."""
-    y_train = y[train]
-    rarest = int(np.argmin(np.bincount(y_train, minlength=max(targets) + 1)[targets])) if len(targets) > 1 else 0
-    strata = (y_train == targets[rarest]).astype(np.int64)  # stratify on the rarest head's class
-    groups = None if features.groups is None else features.groups[train]
-    folds = [(fit, held) for fit, held in kfold_splits(strata, groups, n_folds, seed)
-             if all(len(np.unique(y_train[fit] == c)) == 2 for c in targets)]
-    if not folds:
-        log.warning("too few groups for out-of-fold calibration scores: the map is fitted in sample")
-        return None
-    rows, out = [], []
-    for fit, held in folds:
-        part = features.subset(train[fit])
-        heads = [copy.deepcopy(template).fit(part, (y_train[fit] == c).astype(np.int64)) for c in targets]
-        held_features = features.subset(train[held])
-        out.append(np.stack([h.decision_function(held_features) for h in heads], axis=1))
-        rows.append(train[held])
-    return np.concatenate(rows), np.concatenate(out), len(folds)
-
-
-def _rank_scores(scores: np.ndarray) -> np.ndarray:
-    """The raw scores AUROC ranks: [N] for one head, [N, K] (head k scores class k) for multiclass."""
-    return scores[:, 0] if scores.shape[1] == 1 else scores
-
-
-def _finite(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
-
-
 def make_probe(cfg: DictConfig) -> Probe:
-    """A fresh, unfitted probe from the `probe:` config: `_target_` names a Probe class of this
-    package, the other keys (except `name`) are its constructor arguments, on the trainer's
-    accelerator. Nested options are refused, so nothing else is ever built from the command line."""
+    """A fresh, unfitted probe from the `probe:` config (probes.artifacts.build_probe: `_target_` a
+    Probe class of this package, the other keys its constructor arguments, nested options refused),
+    on the trainer's accelerator."""
     options = OmegaConf.to_container(cfg.probe, resolve=True)
-    name = check_name(options.pop("name", None), "probe.name")
-    target = str(options.pop("_target_", ""))
-    if not target.startswith("probes."):
-        raise ProbeError(f"probe._target_={target!r}: a probe class of this toolkit (probes.*) is required")
-    nested = [k for k, v in options.items() if isinstance(v, dict)]
-    if nested:
-        raise ProbeError(f"probe.{nested[0]}: probe options are plain values or lists, not nested groups; "
-                         "remove it")
-    cls = get_class(target)
-    if not (isinstance(cls, type) and issubclass(cls, Probe)):
-        raise ProbeError(f"probe._target_={target!r} is not a probe class")
-    try:
-        return cls(**options, accelerator=cfg.trainer.accelerator)
-    except (TypeError, ProbeError) as err:  # an unknown or bad option
-        raise ProbeError(f"probe={name}: {err}") from None
+    check_name(options.get("name"), "probe.name")
+    return build_probe(options, cfg.trainer.accelerator)
 
 
 def _positions(rows: np.ndarray, split_rows: np.ndarray) -> np.ndarray:
     """Positions within `rows` (the task's statements) of the split's statements, in rows' order."""
     return np.flatnonzero(np.isin(rows, split_rows))
-
-
-def _store_summary(store: ActivationStore) -> dict:
-    keys = ("model_id", "model_fingerprint", "n_layers", "hidden_size", "dtype", "chat_template", "datapack")
-    return {k: (v.item() if hasattr(v, "item") else v) for k, v in store.attrs.items() if k in keys}

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +19,7 @@ from extract.schema import typed_options
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "in_sample")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
-_HINTS = {"seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
+_HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",
           "calibration_folds": "a whole number >= 2", "bootstrap": "cluster or iid",
           "calibration": "out_of_fold or in_sample", "trainer.accelerator": "auto, cpu or gpu"}
@@ -33,6 +33,7 @@ class TrainerSchema:
 @dataclass
 class TrainProbeSchema:
     layer: Any = 16
+    tasks: Optional[list[str]] = None
     seed: int = 0
     split_seed: int = 0
     bootstrap: Bootstrap = Bootstrap.cluster

@@ -1,0 +1,207 @@
+"""`python -m apply_probe probe=<cell.json> data=<datapack>`: score another datapack's store of the same
+model with a saved probe and write a transfer cell; `text="..."` / `csv=<file>`: score your own
+statements, extracted on the fly with the probe's model and template.
+
+Transfer cells have a result cell's format (same metrics, abstention by the probe's conformal sets,
+bootstrap intervals; `test` holds every scored row) and live at
+
+    <results_dir>/<model>/<train datapack>-><eval datapack>/<method>/<task>/<split>/layer=<k>/seed=<s>.json
+
+On the probe's own datapack exactly its cell's test rows are scored (the cell's test metrics are
+reproduced); on another datapack every statement the task defines. A store of another model
+(fingerprint), stored dtype, compute dtype, tokenizer, chat template or system prompt, or without the
+probe's layer, is refused before anything is written.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from evaluation.cells import CellError, atomic_write, cell_path, write_cell
+from evaluation.metrics import cell_metrics, resampling_groups
+from evaluation.splits import entity_groups
+from evaluation.tasks import POSITIVE, task_targets
+from extract.errors import ToolkitError, check_count, check_name, run_entry
+from extract.on_the_fly import extract_statements, model_attrs, store_model
+from extract.statements import LABELS
+from extract.store import ActivationStore, StoreError, store_path
+from probes.artifacts import FittedProbe, check_same_model, load_probe, store_summary
+from probes.features import layer_features
+
+log = logging.getLogger("apply_probe")
+
+
+def trained_probe(cell_file) -> tuple[FittedProbe, dict]:
+    """The saved probe of a train_probe cell and the cell's config."""
+    probe = load_probe(cell_file)
+    config = probe.cell["config"]
+    if "split" not in probe.cell or not {"model", "data", "task"} <= set(config):
+        raise CellError(f"{cell_file} is not a result cell of train_probe (no model, datapack, task or split)")
+    return probe, config
+
+
+def transfer_path(results_dir, cell: dict, eval_datapack: str) -> Path:
+    """Where the transfer cell of a probe's cell on `eval_datapack` lives (names checked by cell_path)."""
+    config = cell["config"]
+    train = config["data"]["name"]
+    own = cell_path(results_dir, config["model"]["name"], train, config["probe"]["name"], config["task"]["name"],
+                    cell["split"]["kind"], cell["layer"], config["seed"])
+    folder = f"{train}->{check_name(eval_datapack, 'data.name')}"
+    return own.parents[5] / folder / own.relative_to(own.parents[4])
+
+
+def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwrite: bool = False) -> Path:
+    """Score `eval_datapack`'s store of the probe's model with the probe of `cell_file`; returns the
+    transfer cell's path (an existing one is kept unless `overwrite`)."""
+    probe, config = trained_probe(cell_file)
+    path = transfer_path(results_dir, probe.cell, eval_datapack)
+    if path.exists() and not overwrite:
+        log.info("%s exists (overwrite=true recomputes it)", path)
+        return path
+    with ActivationStore(store_path(store_dir, config["model"]["name"], eval_datapack)) as store:
+        check_same_model(probe.store, store.attrs, str(store.path))
+        if probe.layer not in store.layers:
+            raise StoreError(f"{store.path} does not hold layer {probe.layer}, the probe's layer (stored: "
+                             f"{store.layers}): extract it (layers=...) first")
+        table = store.table
+        rows, y = task_targets(table["label"].to_numpy(), config["task"]["name"])
+        own = eval_datapack == config["data"]["name"]
+        positions = np.asarray(probe.cell["test"]["rows"], dtype=np.int64) if own else np.arange(len(rows))
+        if own and (positions.max(initial=-1) >= len(rows) or y[positions].tolist() != probe.cell["test"]["y"]):
+            raise ToolkitError(f"{store.path} holds other statements than the probe's test rows (re-extracted "
+                               "since?): retrain the probe on this store")
+        features = layer_features(store, probe.layer, probe.representation, probe.tokens).subset(rows[positions])
+        summary = store_summary(store)
+        groups = entity_groups(table)[rows[positions]]
+    out = probe.score(features)
+    y = y[positions]
+    metrics = cell_metrics(y, out["scores"], out["probs"], out["pred"], out["sets"],
+                           groups=resampling_groups(config["bootstrap"], groups), seed=config["seed"],
+                           n_boot=config["n_boot"])
+    cell = {
+        "config": {**config, "data": {"name": eval_datapack}},
+        "method": probe.cell.get("method"),
+        "transfer": {"probe_cell": str(cell_file), "train_data": config["data"]["name"], "eval_data": eval_datapack,
+                     "rows": "the probe's test split" if own else "every statement of the task"},
+        "layer": probe.layer,
+        "split": {"kind": probe.cell["split"]["kind"], "scored": "test" if own else "all"},
+        "store": summary,
+        "probe_store": probe.store,
+        "metrics": metrics,
+        "calibration_metrics": probe.cell.get("calibration_metrics", {}),  # of the probe, on its own datapack
+        "test": {"rows": positions.tolist(), "y": y.tolist(), "groups": groups.tolist(),
+                 "scores": out["scores"].tolist(), "probs": out["probs"].tolist(),
+                 "sets": out["sets"].astype(int).tolist(), "pred": out["pred"].tolist()},
+    }
+    write_cell(path, cell)
+    log.info("%s -> %s: MCC %.3f, W-MCC %.3f, acceptance %.3f (%d statements): %s", config["data"]["name"],
+             eval_datapack, metrics["mcc"], metrics["wmcc"], metrics["acceptance"], metrics["n"], path)
+    return path
+
+
+def class_names(task: str) -> list[str]:
+    """Names of a task's classes 0..K-1: false / true / neither, or "not <positive>" / "<positive>"."""
+    if task == "multiclass":
+        return [LABELS[k] for k in sorted(LABELS)]
+    positive = LABELS[POSITIVE[task]]
+    return ["false" if task == "true_vs_false" else f"not {positive}", positive]
+
+
+def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir, name: str = "text",
+                        batch_tokens: int = 4096, device: str = "auto") -> Path:
+    """Score `statements` with the probe of `cell_file`, extracting them now with the model of the
+    probe's store (its recorded config); prints one line per statement and writes
+    <results_dir>/<model>/apply/<name>.<datapack>.<method>.<task>.layer=<k>.seed=<s>.json (replacing an
+    earlier one)."""
+    probe, config = trained_probe(cell_file)
+    model, train = config["model"]["name"], config["data"]["name"]
+    stem = ".".join([name, train, config["probe"]["name"], config["task"]["name"], f"layer={probe.layer}",
+                     f"seed={config['seed']}"])
+    out_path = Path(results_dir) / check_name(model, "model.name") / "apply" / f"{check_name(stem, 'name')}.json"
+    with ActivationStore(store_path(store_dir, model, train)) as store:
+        attrs, where = store.attrs, f"the model recorded in {store.path}"
+    loaded = store_model(attrs, device)
+    check_same_model(probe.store, {**attrs, **model_attrs(loaded)}, where)
+    memory = extract_statements(loaded, statements, probe.layer, attrs["dtype"], batch_tokens)
+    out = probe.score(layer_features(memory, probe.layer, probe.representation, probe.tokens))
+    names = class_names(config["task"]["name"])
+    results = []
+    for i, text in enumerate(statements):
+        in_set = [names[k] for k in np.flatnonzero(out["sets"][i])]
+        pred = int(out["pred"][i])
+        results.append({"statement": text, "probs": dict(zip(names, out["probs"][i].tolist())),
+                        "set": in_set, "pred": names[pred] if pred >= 0 else None,
+                        "scores": out["scores"][i].tolist()})
+        probs = ", ".join(f"p({n})={p:.3f}" for n, p in zip(names, out["probs"][i]))
+        print(f"{probs}  set={{{', '.join(in_set)}}}  {'-> ' + names[pred] if pred >= 0 else 'abstains'}  {text}")
+    record = {"probe_cell": str(cell_file), "model": config["model"]["name"], "train_data": config["data"]["name"],
+              "task": config["task"]["name"], "method": config["probe"]["name"], "layer": probe.layer,
+              "alpha": config["alpha"], "classes": names, "statements": results}
+    data = json.dumps(record, allow_nan=False, indent=1).encode()
+    atomic_write(out_path, lambda f: f.write(data))
+    log.info("%d statements scored: %s", len(statements), out_path)
+    return out_path
+
+
+def read_statements(cfg: DictConfig) -> tuple[list[str], str]:
+    """The statements of `text=` (one or a list) or of `csv=` (column `statement`), and their default
+    output name."""
+    if cfg.csv is not None:
+        try:
+            frame = pd.read_csv(cfg.csv, dtype=str, keep_default_na=False)
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise ToolkitError(f"csv={cfg.csv}: not a readable CSV ({str(err).splitlines()[0]})") from None
+        if "statement" not in frame:
+            raise ToolkitError(f"csv={cfg.csv}: no column 'statement' (columns: {list(frame.columns)})")
+        return frame["statement"].str.strip().tolist(), Path(cfg.csv).stem
+    text = OmegaConf.to_container(cfg.text) if OmegaConf.is_list(cfg.text) else [cfg.text]
+    return [str(t).strip() for t in text], "text"
+
+
+def apply(cfg: DictConfig):
+    """The command: exactly one of data= (a store), text= or csv= (statements)."""
+    given = [k for k in ("data", "text", "csv") if cfg.get(k) is not None]
+    if len(given) != 1:
+        raise ToolkitError(f"give exactly one of data=<datapack>, text=\"...\" or csv=<file> (got "
+                           f"{', '.join(given) or 'none'})")
+    if cfg.cell is None:
+        raise ToolkitError("probe=<cell.json> is required: the result cell whose saved probe to apply")
+    if given == ["data"]:
+        return apply_to_store(cfg.cell, cfg.data.name, cfg.store_dir, cfg.results_dir, bool(cfg.overwrite))
+    statements, stem = read_statements(cfg)
+    if not statements or any(s == "" for s in statements):
+        raise ToolkitError(f"{given[0]}=: an empty statement or none at all: give text to score")
+    return apply_to_statements(cfg.cell, statements, cfg.store_dir, cfg.results_dir, cfg.name or stem,
+                               check_count(cfg.batch_tokens, "batch_tokens"), cfg.device)
+
+
+def hydra_arguments(args: list[str]) -> list[str]:
+    """Command-line arguments as Hydra overrides: `probe=<path>` becomes `cell='<path>'` (`probe` is a
+    config group, and cell paths hold `=`), and plain `cell=`, `csv=`, `text=` values are quoted (a
+    statement may hold `=`, `,` or quotes; `text=[...]` lists are left as written)."""
+    out = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        key = "cell" if key == "probe" else key
+        if eq and key in ("cell", "csv", "text") and not value.startswith(("[", "'", '"')):
+            value = "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
+        out.append(f"{key}{eq}{value}")
+    return out
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="apply_probe")
+def main(cfg: DictConfig) -> None:
+    run_entry(apply, cfg, log=log)
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = hydra_arguments(sys.argv[1:])
+    main()

@@ -1,0 +1,142 @@
+"""`python -m experiments.transfer model=smollm2`: how probes fitted on one datapack do on the others.
+
+For each training datapack and each probe and task, the layer with the best calibration-split MCC
+(the report's rule, experiments.report.best_layers) is applied to every evaluation datapack's store of
+the same model (apply_probe; only missing transfer cells are computed; the diagonal is the ordinary
+cell's test split). Writes to <reports_dir>/<model>/:
+
+    transfer.csv, transfer.md   one row per (probe, task, train, eval): MCC and W-MCC with their
+                                bootstrap 95 % intervals, acceptance, statements; the markdown as one
+                                train x eval matrix per probe and task
+    transfer_<task>.png         MCC heat-maps (rows: training datapack, columns: evaluation datapack),
+                                one panel per probe
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from apply_probe import apply_to_store, transfer_path
+from evaluation.cells import CellError, read_cell
+from experiments.plots import _pyplot
+from experiments.tables import best_layers, layer_table, load_cells
+from extract.errors import check_name, run_entry
+
+log = logging.getLogger(__name__)
+DATAPACKS = ("city_locations", "med_indications", "word_definitions")
+TASKS = ("true_vs_false", "multiclass")
+KEYS = ["probe", "task", "split", "layer"]
+
+
+def best_cells(results_dir, model: str, datapack: str, split: str) -> pd.DataFrame:
+    """The best layer of each probe and task on `split` (calibration MCC), with its first seed's cell path."""
+    cells = load_cells(results_dir, model, datapack)
+    best = best_layers(layer_table(cells))
+    first = cells.sort_values("seed").drop_duplicates(KEYS)[KEYS + ["path"]]
+    return best[best["split"] == split][KEYS].merge(first, on=KEYS)
+
+
+def transfer_table(results_dir, model: str, datapacks=DATAPACKS, tasks=TASKS, split: str = "entity_disjoint",
+                   store_dir=None) -> pd.DataFrame:
+    """One row per (probe, task, train datapack, eval datapack) whose cell exists; with `store_dir`,
+    missing transfer cells are computed first from its stores."""
+    rows = []
+    for train in datapacks:
+        try:
+            best = best_cells(results_dir, model, train, split)
+        except CellError as err:
+            log.warning("no probe trained on %s (%s): its row is left out", train, err)
+            continue
+        for _, b in best[best["task"].isin(list(tasks))].iterrows():
+            probe_cell = read_cell(Path(b["path"]))
+            for evaluated in datapacks:
+                path = Path(b["path"]) if evaluated == train else transfer_path(results_dir, probe_cell, evaluated)
+                if not path.exists() and store_dir is not None:
+                    apply_to_store(b["path"], evaluated, store_dir, results_dir)
+                if not path.exists():
+                    continue
+                m = read_cell(path)["metrics"]
+                rows.append({"probe": b["probe"], "task": b["task"], "split": split, "layer": int(b["layer"]),
+                             "train": train, "eval": evaluated, "mcc": m["mcc"], "mcc_lo": m["mcc_ci"][0],
+                             "mcc_hi": m["mcc_ci"][1], "wmcc": m["wmcc"], "wmcc_lo": m["wmcc_ci"][0],
+                             "wmcc_hi": m["wmcc_ci"][1], "acceptance": m["acceptance"], "n": m["n"],
+                             "path": str(path)})
+    return pd.DataFrame(rows, columns=["probe", "task", "split", "layer", "train", "eval", "mcc", "mcc_lo", "mcc_hi",
+                                       "wmcc", "wmcc_lo", "wmcc_hi", "acceptance", "n", "path"])
+
+
+def write_transfer(results_dir, reports_dir, model: str, datapacks=DATAPACKS, tasks=TASKS,
+                   split: str = "entity_disjoint", store_dir=None) -> Path:
+    """The transfer tables and heat-maps of `model` in <reports_dir>/<model>/ (see the module
+    docstring); `store_dir` given: missing transfer cells are computed first, else only existing
+    cells are tabulated. Returns that folder."""
+    table = transfer_table(results_dir, model, datapacks, tasks, split, store_dir)
+    if table.empty:
+        raise CellError(f"no result cell of {model} on {', '.join(datapacks)} under {results_dir}: run "
+                        "`python -m train_probe` first")
+    out = Path(reports_dir) / check_name(model, "model")
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "transfer.csv", index=False)
+    (out / "transfer.md").write_text(_markdown(table, list(datapacks)))
+    for task, g in table.groupby("task"):
+        heat_maps(g, list(datapacks), out / f"transfer_{task}.png", f"{model}: {task} (MCC, rows: trained on)")
+    log.info("transfer matrix of %d cells written to %s", len(table), out)
+    return out
+
+
+def _markdown(table: pd.DataFrame, datapacks: list[str]) -> str:
+    lines = []
+    for (task, probe), g in table.groupby(["task", "probe"]):
+        lines += [f"### {probe}, {task}", "", "MCC / W-MCC with bootstrap 95 % intervals; rows: trained on (its best "
+                  "calibration layer), columns: evaluated on", "",
+                  "| trained on | layer | " + " | ".join(datapacks) + " |", "|---|---|" + "---|" * len(datapacks)]
+        for train, r in g.groupby("train", sort=False):
+            by_eval = {e: x for e, x in zip(r["eval"], r.itertuples())}
+            cells = [f"{x.mcc:.3f} [{x.mcc_lo:.3f}, {x.mcc_hi:.3f}] / {x.wmcc:.3f} [{x.wmcc_lo:.3f}, {x.wmcc_hi:.3f}]"
+                     if (x := by_eval.get(e)) else "" for e in datapacks]
+            lines.append(f"| {train} | {r['layer'].iloc[0]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str) -> None:
+    """One panel per probe: MCC of each (train, eval) pair, annotated; blank where no cell exists."""
+    plt = _pyplot()
+    probes = sorted(table["probe"].unique())
+    size = (1.2 + 1.4 * len(datapacks) * len(probes), 1.4 + 1.2 * len(datapacks))
+    fig, axes = plt.subplots(1, len(probes), figsize=size, squeeze=False)
+    index = {d: i for i, d in enumerate(datapacks)}
+    for ax, probe in zip(axes[0], probes):
+        grid = np.full((len(datapacks), len(datapacks)), np.nan)
+        for r in table[table["probe"] == probe].itertuples():
+            grid[index[r.train], index[r.eval]] = r.mcc
+        image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(datapacks)), datapacks, rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(datapacks)), datapacks, fontsize=7)
+        ax.set_title(probe, fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="MCC")
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def transfer(cfg: DictConfig) -> Path:
+    return write_transfer(cfg.results_dir, cfg.reports_dir, cfg.model.name, list(cfg.datapacks), list(cfg.tasks),
+                          cfg.split, cfg.store_dir)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="transfer")
+def main(cfg: DictConfig) -> None:
+    run_entry(transfer, cfg, log=log)
+
+
+if __name__ == "__main__":
+    main()

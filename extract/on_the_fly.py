@@ -1,0 +1,89 @@
+"""Statements extracted now, in memory, with the model and settings a store was extracted with.
+
+    loaded = store_model(store.attrs)                        # the store's model, template, compute dtype
+    memory = extract_statements(loaded, ["Paris is in France."], layer=16, dtype=store.attrs["dtype"])
+    memory.last_token(16)                                    # [n, d], as ActivationStore.last_token
+
+`extract_statements` renders each statement as extraction does (extract.capture.render), runs
+length-sorted batches through LayerCapture, rounds the states to the store's dtype and returns a
+`MemoryStore`: the ActivationStore readers (`last_token`, `mean`, `bags`, `layer`) over those
+statements, so what a probe reads is computed by the same code as from a store.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from extract.capture import LayerCapture, plan_batches, render
+from extract.models import LoadedModel, load_model
+from extract.run import _check_inputs
+from extract.store import TORCH_STORED, ActivationStore, StoreError, from_stored, torch_to_stored
+
+
+def store_model(attrs: dict, device: str = "auto") -> LoadedModel:
+    """The model a store was extracted with: its recorded `model:` config, at its compute dtype, on
+    `device`."""
+    try:
+        model_cfg = OmegaConf.create(json.loads(attrs["config"])["model"])
+    except (KeyError, TypeError, ValueError):
+        raise StoreError("the store records no model config (made by an older version): re-extract it with "
+                         "overwrite=true") from None
+    model_cfg.device = device
+    if attrs.get("compute_dtype"):
+        model_cfg.dtype = attrs["compute_dtype"]
+    return load_model(model_cfg)
+
+
+def model_attrs(loaded: LoadedModel) -> dict:
+    """The store attributes that identify a loaded model's inputs, as extraction records them."""
+    return {"model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
+            "tokenizer_fingerprint": loaded.tokenizer_fingerprint, "compute_dtype": loaded.compute_dtype,
+            "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size,
+            "chat_template": loaded.use_chat_template,
+            "chat_template_text": loaded.tokenizer.chat_template if loaded.use_chat_template else "",
+            "system_prompt": "" if loaded.system_prompt is None else loaded.system_prompt}
+
+
+class MemoryStore(ActivationStore):
+    """An ActivationStore's readers over one layer of statements held in memory.
+
+    offsets int64 [n+1], token_kind int8 [T], stored [T, d] (the stored dtype's numpy representation)."""
+
+    def __init__(self, attrs: dict, layer: int, offsets: np.ndarray, token_kind: np.ndarray, stored: np.ndarray):
+        self.path = Path("<statements extracted on the fly>")
+        self.attrs = {**attrs, "layers": [layer], "n_statements": len(offsets) - 1, "n_done": len(offsets) - 1}
+        self.offsets, self.token_kind, self._stored = offsets, token_kind, stored
+
+    def layer(self, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+        if k not in self.layers:
+            raise StoreError(f"layer {k} was not extracted on the fly (only layer {self.layers[0]})")
+        return from_stored(self._stored if rows is None else self._stored[rows], self.attrs["dtype"])
+
+    def close(self) -> None:
+        pass
+
+
+def extract_statements(loaded: LoadedModel, statements: list[str], layer: int, dtype: str,
+                       batch_tokens: int = 4096) -> MemoryStore:
+    """Layer `layer` of every token of `statements` (stored dtype `dtype`), as extraction computes it.
+    A statement longer than the model's context, or without a token of its own text, is refused."""
+    rendered = [render(loaded.tokenizer, s, loaded.use_chat_template, loaded.system_prompt) for s in statements]
+    table = pd.DataFrame({"statement": statements, "source_file": "the given statements",
+                          "source_row": np.arange(len(statements))})
+    _check_inputs(table, rendered, loaded.max_positions, "statement")
+    ids = [i for i, _ in rendered]
+    lengths = np.array([len(i) for i in ids])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    stored = None
+    with LayerCapture(loaded.model, [layer], TORCH_STORED[dtype], pad_id=loaded.tokenizer.pad_token_id or 0) as cap:
+        for batch in plan_batches(lengths, batch_tokens):
+            values = torch_to_stored(cap.run([ids[i] for i in batch]).wait()[layer].cpu())  # [batch tokens, d]
+            if stored is None:
+                stored = np.empty((offsets[-1], values.shape[1]), dtype=values.dtype)
+            stored[np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])] = values
+    attrs = {**model_attrs(loaded), "dtype": dtype}
+    return MemoryStore(attrs, layer, offsets, np.concatenate([k for _, k in rendered]), stored)

@@ -1,0 +1,220 @@
+"""apply_probe: a saved probe scores its own test rows exactly as its cell did, scores another
+datapack's store of the same model, refuses stores of another model / settings / without its layer
+(one line, nothing written), and scores user statements extracted on the fly (the same vectors as the
+store's). fit_probe fits and calibrates exactly as train_probe."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from apply_probe import apply_to_statements, apply_to_store
+from evaluation.cells import read_cell, write_cell
+from evaluation.splits import entity_groups, make_split
+from evaluation.tasks import task_targets
+from extract.config import compose_config
+from extract.on_the_fly import extract_statements, store_model
+from extract.run import extract
+from extract.statements import load_statements
+from extract.store import ActivationStore, StoreError
+from probes.artifacts import ModelMismatch, fit_probe, load_probe, store_summary
+from probes.features import TOKEN_KINDS, layer_features
+from probes.pipeline import train_probes
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYER = 2
+
+
+def datapack_csv(path: Path, real: slice, neither: slice) -> Path:
+    """A CSV datapack of city statements: the vendored rows `real` and synthetic (neither) rows `neither`."""
+    table = load_statements("city_locations")
+    synthetic = table[table["label"] == 2]
+    rows = np.r_[np.arange(len(table))[real], synthetic.index.to_numpy()[neither]]
+    table.iloc[rows][["statement", "label", "object_1", "object_2", "negation"]].to_csv(path, index=False)
+    return path
+
+
+def extract_csv(root: Path, name: str, csv: Path, store_dir: Path, *overrides: str) -> Path:
+    return extract(compose_config("extract", "model=tiny", "data=csv", f"data.path={csv}", f"data.name={name}",
+                                  "data.label_column=label", f"store_dir={store_dir}", *overrides))
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """Stores of the tiny model: cities_a (training), cities_b (other statements), cities_c (layer 1 only);
+    cities_b of another tiny model (weights seed 1) and with a system prompt, in their own store_dirs;
+    one mean_diff cell per task on cities_a."""
+    root = tmp_path_factory.mktemp("apply")
+    a = datapack_csv(root / "a.csv", slice(0, 150), slice(0, 70))
+    b = datapack_csv(root / "b.csv", slice(150, 250), slice(70, 120))
+    extract_csv(root, "cities_a", a, root / "s", "layers=[1,2]")
+    extract_csv(root, "cities_b", b, root / "s", "layers=[1,2]")
+    extract_csv(root, "cities_c", b, root / "s", "layers=[1]", "limit=10")
+    extract_csv(root, "cities_b", b, root / "other_model", "layers=[1,2]", "limit=10", "model.seed=1")
+    extract_csv(root, "cities_b", b, root / "prompted", "layers=[1,2]", "limit=10", "model.system_prompt=Be brief.")
+    run = partial(compose_config, "train_probe", "model.name=tiny", "data.name=cities_a", f"store_dir={root / 's'}",
+                  f"results_dir={root / 'results'}", "n_boot=50", f"layer={LAYER}", "probe=mean_diff")
+    cells = {task: train_probes(run(f"task={task}"))[0] for task in ("true_vs_all", "multiclass")}
+    return root, cells
+
+
+def test_own_datapack_reproduces_the_cells_test_metrics(dirs):
+    root, cells = dirs
+    for cell_file in cells.values():
+        path = apply_to_store(cell_file, "cities_a", root / "s", root / "results")
+        assert path.parts[-6] == "cities_a->cities_a"
+        cell, transfer = read_cell(cell_file), read_cell(path)
+        for key in ("rows", "y", "groups", "sets", "pred"):
+            assert transfer["test"][key] == cell["test"][key], key
+        for key in ("scores", "probs"):
+            np.testing.assert_allclose(transfer["test"][key], cell["test"][key], atol=1e-6)
+        for key in ("n", "mcc", "wmcc", "acceptance", "mcc_ci", "wmcc_ci", "mcc_all", "coverage", "accepted_per_label"):
+            assert transfer["metrics"][key] == cell["metrics"][key], key
+        for key in ("auroc", "auroc_probs", "ece", "aurc"):
+            assert transfer["metrics"][key] == pytest.approx(cell["metrics"][key], abs=1e-6), key
+
+
+def test_another_datapack_scores_every_statement_of_the_task(dirs):
+    root, cells = dirs
+    path = apply_to_store(cells["true_vs_all"], "cities_b", root / "s", root / "results")
+    transfer = read_cell(path)
+    with ActivationStore(root / "s" / "tiny" / "cities_b.h5") as store:
+        n = store.n_statements
+    assert transfer["metrics"]["n"] == n and transfer["test"]["rows"] == list(range(n))
+    assert transfer["config"]["data"]["name"] == "cities_b" and transfer["transfer"]["train_data"] == "cities_a"
+    stamp = path.stat().st_mtime_ns
+    assert apply_to_store(cells["true_vs_all"], "cities_b", root / "s", root / "results") == path
+    assert path.stat().st_mtime_ns == stamp  # kept unless overwrite
+
+
+@pytest.mark.parametrize("store_dir,datapack,error,message", [
+    ("other_model", "cities_b", ModelMismatch, "has another model_fingerprint"),
+    ("s", "cities_c", StoreError, "does not hold layer 2"),
+])
+def test_refused_stores_write_nothing(dirs, tmp_path, store_dir, datapack, error, message):
+    root, cells = dirs
+    with pytest.raises(error, match=message) as err:
+        apply_to_store(cells["true_vs_all"], datapack, root / store_dir, tmp_path / "results")
+    assert "\n" not in str(err.value) and not (tmp_path / "results").exists()
+
+
+def test_another_system_prompt_is_refused(dirs, tmp_path):
+    """A cell recording the full store summary (template text, system prompt) refuses a store extracted
+    with another system prompt, though its model fingerprint is the same."""
+    root, cells = dirs
+    cell = read_cell(cells["true_vs_all"])
+    with ActivationStore(root / "s" / "tiny" / "cities_a.h5") as store:
+        cell["store"] = store_summary(store)
+    copy = tmp_path / "seed=0.json"
+    write_cell(copy, cell)
+    copy.with_name("seed=0.probe.safetensors").write_bytes(
+        cells["true_vs_all"].with_name("seed=0.probe.safetensors").read_bytes())
+    with pytest.raises(ModelMismatch, match="another system_prompt"):
+        apply_to_store(copy, "cities_b", root / "prompted", tmp_path / "results")
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_refusal_is_one_line(dirs):
+    root, cells = dirs
+    done = subprocess.run([sys.executable, "-m", "apply_probe", f"probe={cells['true_vs_all']}", "data=csv",
+                           "data.name=cities_b", f"store_dir={root / 'other_model'}",
+                           f"results_dir={root / 'cli_results'}", f"hydra.run.dir={root / 'logs'}"],
+                          cwd=ROOT, capture_output=True, text=True)
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert done.returncode == 1 and len(errors) == 1 and "model_fingerprint" in errors[0], done.stderr[-2000:]
+    assert not (root / "cli_results").exists()
+
+
+def test_on_the_fly_vectors_equal_the_stores(dirs):
+    root, _ = dirs
+    with ActivationStore(root / "s" / "tiny" / "cities_a.h5") as store:
+        statements = store.table["statement"].tolist()[:12]
+        memory = extract_statements(store_model(store.attrs, "cpu"), statements, LAYER, store.attrs["dtype"],
+                                    batch_tokens=200)
+        for representation in ("last", "mean", "bags"):
+            for tokens in TOKEN_KINDS:
+                a = layer_features(store, LAYER, representation, tokens).subset(np.arange(12))
+                b = layer_features(memory, LAYER, representation, tokens)
+                np.testing.assert_allclose(b.X.numpy(), a.X.numpy(), atol=1e-6, rtol=0)
+                if representation == "bags":
+                    assert b.offsets.tolist() == a.offsets.tolist()
+
+
+def test_text_scores_statements_like_the_store(dirs, capsys):
+    """text= through the command line: one printed line per statement, and the saved probabilities
+    equal the probe's on the store's vectors of the same statements."""
+    root, cells = dirs
+    with ActivationStore(root / "s" / "tiny" / "cities_a.h5") as store:
+        statements = store.table["statement"].tolist()[:2]
+        probe = load_probe(cells["multiclass"])
+        expected = probe.predict_proba(store.last_token(LAYER)[:2])
+    done = subprocess.run([sys.executable, "-m", "apply_probe", f"probe={cells['multiclass']}",
+                           f"text=[{statements[0]}, '{statements[1]}']", f"store_dir={root / 's'}",
+                           f"results_dir={root / 'results'}", f"hydra.run.dir={root / 'logs'}"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line for line in done.stdout.splitlines() if "set={" in line]
+    assert len(printed) == 2 and printed[0].endswith(statements[0])
+    saved = json.loads(next((root / "results" / "tiny" / "apply").glob("text.cities_a.mean_diff.multiclass.*.json"))
+                       .read_text())
+    got = [[s["probs"][c] for c in saved["classes"]] for s in saved["statements"]]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    path = apply_to_statements(cells["true_vs_all"], ["Paris is a city in France."], root / "s", root / "results")
+    assert json.loads(path.read_text())["classes"] == ["not true", "true"]
+
+
+def test_fit_probe_fits_and_calibrates_as_train_probe(dirs):
+    """fit_probe on the cell's features, labels and split gives the cell's test scores, probabilities,
+    sets and calibration."""
+    root, cells = dirs
+    for (task, cell_file), classes in zip(cells.items(), ([1], [0, 1, 2])):
+        cfg = compose_config("train_probe", "probe=mean_diff", f"task={task}")
+        cell = read_cell(cell_file)
+        with ActivationStore(root / "s" / "tiny" / "cities_a.h5") as store:
+            table = store.table
+            rows, _ = task_targets(table["label"].to_numpy(), task)
+            split = make_split(table, **cfg.split)
+            X = store.last_token(LAYER)[rows]
+        parts = (split.train, split.calibration, split.test)
+        train, cal, test = (np.flatnonzero(np.isin(rows, part)) for part in parts)
+        probe = fit_probe("mean_diff", X, table["label"].to_numpy()[rows], train, cal, classes=classes,
+                          groups=entity_groups(table)[rows], seed=0)
+        out = probe.score(X[test])
+        np.testing.assert_allclose(out["scores"], cell["test"]["scores"], atol=1e-6)
+        np.testing.assert_allclose(out["probs"], cell["test"]["probs"], atol=1e-6)
+        assert out["sets"].astype(int).tolist() == cell["test"]["sets"]
+        assert probe.calibration == cell["calibration"] and probe.conformal.to_dict() == cell["conformal"]
+
+
+def test_transfer_matrix(dirs, tmp_path):
+    """Two datapacks x two tasks: the diagonal is the ordinary cells' test metrics, the rest are transfer
+    cells (computed once), and the tables and heat-maps are written."""
+    from experiments.transfer import write_transfer
+
+    root, _ = dirs
+    results = tmp_path / "results"
+    for datapack in ("cities_a", "cities_b"):
+        train_probes(compose_config("train_probe", "model.name=tiny", f"data.name={datapack}", "probe=mean_diff",
+                                    "tasks=[true_vs_false,multiclass]", f"store_dir={root / 's'}",
+                                    f"results_dir={results}", "n_boot=50", "layer=[1,2]"))
+    args = (results, tmp_path / "reports", "tiny", ["cities_a", "cities_b"])
+    out = write_transfer(*args, store_dir=root / "s")
+    table = pd.read_csv(out / "transfer.csv")
+    assert len(table) == 2 * 2 * 2 and set(table["task"]) == {"true_vs_false", "multiclass"}
+    for r in table.itertuples():
+        cell = read_cell(Path(r.path))
+        assert r.mcc == pytest.approx(cell["metrics"]["mcc"]) and r.wmcc == pytest.approx(cell["metrics"]["wmcc"])
+        assert ("->" in r.path) == (r.train != r.eval)
+        assert cell["layer"] == r.layer and cell["config"]["data"]["name"] == r.eval
+    stamps = {p: Path(p).stat().st_mtime_ns for p in table["path"]}
+    write_transfer(*args)   # the report's call: tabulates existing cells, computes nothing
+    assert all(Path(p).stat().st_mtime_ns == t for p, t in stamps.items())
+    assert (out / "transfer.md").read_text().startswith("### mean_diff, multiclass")
+    for task in ("true_vs_false", "multiclass"):
+        assert (out / f"transfer_{task}.png").stat().st_size > 0
