@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.cells import CellError, atomic_write, cell_path, write_cell
 from evaluation.metrics import cell_metrics, resampling_groups
+from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
 from extract.errors import ToolkitError, check_count, check_name, run_entry
@@ -86,6 +87,8 @@ def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwr
     metrics = cell_metrics(y, out["scores"], out["probs"], out["pred"], out["sets"],
                            groups=resampling_groups(config["bootstrap"], groups), seed=config["seed"],
                            n_boot=config["n_boot"])
+    metrics.update(probe_mc_if_truthfulqa(eval_datapack, config["task"]["name"], table, rows[positions], out["probs"],
+                                          config["seed"], config["n_boot"]))   # a truth probe on TruthfulQA answers
     cell = {
         "config": {**config, "data": {"name": eval_datapack}},
         "method": probe.cell.get("method"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from extract.statements import TRUE
+from extract.statements import TRUE, TRUTHFULQA
 from extract.truthfulqa_pack import TruthfulQAError
 
 
@@ -80,3 +80,13 @@ def probe_mc(table: pd.DataFrame, rows: np.ndarray, p_true: np.ndarray, seed: in
     return {"probe_mc1": float(mc1.mean()), "probe_mc2": float(mc2.mean()),
             "probe_mc1_ci": question_ci(mc1, n_boot, seed), "probe_mc2_ci": question_ci(mc2, n_boot, seed),
             "probe_mc_questions": scored, "probe_mc_skipped": int(len(np.unique(touched)) - len(scored))}
+
+
+def probe_mc_if_truthfulqa(datapack: str, task: str, table: pd.DataFrame, rows: np.ndarray, probs: np.ndarray,
+                           seed: int, n_boot: int) -> dict:
+    """The probe MC1 / MC2 metrics of a cell scoring the truthfulqa datapack with a true-vs-* task
+    (probs float [M, 2] of the statements at table positions `rows`), else {}: what train_probe and
+    apply_probe add to such cells."""
+    if datapack != TRUTHFULQA or task not in ("true_vs_all", "true_vs_false"):
+        return {}
+    return probe_mc(table, rows, np.asarray(probs)[:, 1], seed=seed, n_boot=n_boot)

@@ -17,11 +17,11 @@ from tqdm import tqdm
 from evaluation.cells import cell_path, write_cell
 from evaluation.conformal import ConformalError
 from evaluation.metrics import cell_metrics, mcc, plain_prediction, raw_auroc, resampling_groups
-from evaluation.multiple_choice import probe_mc
+from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
-from extract.statements import FALSE, NEITHER, TRUE, TRUTHFULQA
+from extract.statements import FALSE, NEITHER, TRUE
 from extract.store import ActivationStore, select_layers, store_path
 from probes.artifacts import artifact_path, build_probe, save_heads, store_summary
 from probes.base import Probe, check_choice
@@ -67,9 +67,8 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                                            _calibration_folds(cfg), int(cfg.seed)), parts)
                 bank, parts = banks[key]
                 cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t))
-                if cfg.data.name == TRUTHFULQA and t in ("true_vs_all", "true_vs_false"):   # probe MC1 / MC2
-                    cell["metrics"].update(probe_mc(table, rows[parts["test"]], np.asarray(cell["test"]["probs"])[:, 1],
-                                                    seed=cfg.seed, n_boot=cfg.n_boot))
+                cell["metrics"].update(probe_mc_if_truthfulqa(cfg.data.name, t, table, rows[parts["test"]],
+                                                              cell["test"]["probs"], cfg.seed, cfg.n_boot))
                 cell.update(layer=k, split=split.summary(), store=store_summary(store))
                 save_heads(artifact_path(paths[t, k]), heads)   # before the cell: a cell always has its probe
                 write_cell(paths[t, k], cell)
