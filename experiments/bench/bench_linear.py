@@ -70,7 +70,7 @@ def main(argv=None) -> None:
           f"{len(folds)} grouped folds x {len(args.Cs)} C values")
 
     LinearProbe(Cs=args.Cs, cv_folds=args.folds, seed=args.seed, accelerator=args.accelerator).fit(
-        tr_feat.subset(np.arange(200)), y[train][:200])  # warm-up: imports, first Trainer
+        tr_feat.subset(np.arange(min(200, len(train)))), y[train][:200])  # warm-up: imports, first Trainer
     probe = LinearProbe(Cs=args.Cs, cv_folds=args.folds, seed=args.seed, accelerator=args.accelerator)
     started = time.perf_counter()
     probe.fit(tr_feat, y[train])
