@@ -120,7 +120,7 @@ def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str)
             if not np.isnan(value):
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(datapacks)), datapacks, rotation=30, ha="right", fontsize=7)
-        ax.set_yticks(range(len(datapacks)), datapacks, fontsize=7)
+        ax.set_yticks(range(len(datapacks)), datapacks if ax is axes[0][0] else [], fontsize=7)  # rows: trained on
         ax.set_title(probe, fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="MCC")
     fig.suptitle(title, fontsize=10)
