@@ -210,7 +210,7 @@ def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataF
 def depth_figure(tables: dict[str, pd.DataFrame], colours: dict[str, str], path: Path, title: str) -> None:
     """tables: {model: layer table with `depth`}; one panel per (probe row, task column), MCC solid with
     its interval as a band, W-MCC dashed, one colour per model; Q3 shaded."""
-    plt = plots._pyplot()
+    plt = plots.pyplot()
     probes = sorted(set().union(*(t["probe"] for t in tables.values())))
     tasks = sorted(set().union(*(t["task"] for t in tables.values())))
     fig, axes = plt.subplots(len(probes), len(tasks), figsize=(3.4 * len(tasks), 2.6 * len(probes) + 1),
@@ -232,7 +232,7 @@ def depth_figure(tables: dict[str, pd.DataFrame], colours: dict[str, str], path:
                 ax.set_ylabel(probe)
             if i == len(probes) - 1:
                 ax.set_xlabel("relative depth (layer / L)")
-    plots._legend_below(fig, axes)
+    plots.legend_below(fig, axes)
     fig.suptitle(f"{title}: test MCC (solid) and W-MCC (dashed); Q3 shaded")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)

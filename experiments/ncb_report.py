@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.plots import _pyplot
+from experiments.plots import pyplot
 from extract.errors import check_name
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _markdown(table: pd.DataFrame) -> str:
 def plot_stress(table: pd.DataFrame, fraction: float, path: Path, title: str) -> None:
     """Accuracy of the high (solid) and low (dashed) group against k, one line colour per interference of
     QUANTITY, one panel per method, at the group fraction closest to `fraction`."""
-    plt = _pyplot()
+    plt = pyplot()
     methods = list(dict.fromkeys(table["method"]))
     fig, axes = plt.subplots(1, len(methods), figsize=(max(7.0, 4.5 * len(methods)), 4.6), squeeze=False, sharey=True)
     for ax, method in zip(axes[0], methods):

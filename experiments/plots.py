@@ -9,7 +9,8 @@ import pandas as pd
 from evaluation.metrics import as_probs, ece
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (shared by every report module)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,7 +19,8 @@ def _pyplot():
     return plt
 
 
-def _legend_below(fig, axes) -> None:
+def legend_below(fig, axes) -> None:
+    """One legend under the figure for the distinct labels of all `axes`."""
     labels = {}
     for ax in np.ravel(axes):
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -30,7 +32,7 @@ def metric_by_layer(table: pd.DataFrame, path: Path, title: str, metrics=("mcc",
     """Each metric against layer (top row) and relative depth (bottom row), one panel per task, one
     line per probe (bootstrap band for the first metric when present), methods without a layer
     (zero-shot) as horizontal lines."""
-    plt = _pyplot()
+    plt = pyplot()
     tasks = sorted(table["task"].unique())
     colours = {p: f"C{i}" for i, p in enumerate(sorted(table.loc[table["layer"].notna(), "probe"].unique()))}
     styles = ("o-", "s--", "^:")
@@ -55,7 +57,7 @@ def metric_by_layer(table: pd.DataFrame, path: Path, title: str, metrics=("mcc",
             ax.grid(alpha=0.3)
         if col == 0:
             axes[0, col].set_ylabel(" / ".join(metrics))
-    _legend_below(fig, axes[0])
+    legend_below(fig, axes[0])
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
@@ -65,7 +67,7 @@ def metric_by_layer(table: pd.DataFrame, path: Path, title: str, metrics=("mcc",
 def risk_coverage(chosen: dict, behaviour: dict, path: Path, title: str) -> None:
     """chosen / behaviour: {(method, task): cell}; one panel per task, one curve per method
     (probes at their best layer solid, methods without a layer dashed), AURC in the legend."""
-    plt = _pyplot()
+    plt = pyplot()
     tasks = sorted({t for _, t in chosen} | {t for _, t in behaviour})
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4), squeeze=False, sharey=True)
     for col, task in enumerate(tasks):
@@ -95,7 +97,7 @@ def risk_coverage(chosen: dict, behaviour: dict, path: Path, title: str) -> None
 def reliability(cells: dict, path: Path, title: str, n_bins: int = 10) -> None:
     """cells: {probe: cell}; top-label confidence against accuracy on the test split, bins (lo, hi],
     one panel per probe with its ECE."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(cells), figsize=(3.6 * len(cells), 3.8), squeeze=False)
     for ax, (probe, cell) in zip(axes[0], sorted(cells.items())):
         probs, y = as_probs(np.asarray(cell["test"]["probs"])), np.asarray(cell["test"]["y"])

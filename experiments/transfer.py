@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from apply_probe import apply_to_store, transfer_path
 from evaluation.cells import CellError, read_cell
-from experiments.plots import _pyplot
+from experiments.plots import pyplot
 from experiments.tables import best_layers, layer_table, load_cells
 from extract.errors import check_name, run_entry
 
@@ -106,7 +106,7 @@ def _markdown(table: pd.DataFrame, datapacks: list[str]) -> str:
 
 def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str) -> None:
     """One panel per probe: MCC of each (train, eval) pair, annotated; blank where no cell exists."""
-    plt = _pyplot()
+    plt = pyplot()
     probes = sorted(table["probe"].unique())
     size = (1.2 + 1.4 * len(datapacks) * len(probes), 1.4 + 1.2 * len(datapacks))
     fig, axes = plt.subplots(1, len(probes), figsize=size, squeeze=False)

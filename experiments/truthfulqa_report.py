@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cells import CellError, read_cell
-from experiments.plots import _legend_below, _pyplot
+from experiments.plots import legend_below, pyplot
 from extract.errors import check_name
 from extract.statements import TRUTHFULQA
 from evaluation.multiple_choice import mc_scores
@@ -100,7 +100,7 @@ def _markdown(table: pd.DataFrame, likelihood: dict | None) -> str:
 
 
 def _plot(table: pd.DataFrame, likelihood: dict | None, path: Path, title: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     keys = ["probe", "task", "split"]
     varying = [k for k in keys[1:] if table[k].nunique() > 1]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), squeeze=False, sharey=True)
@@ -117,7 +117,7 @@ def _plot(table: pd.DataFrame, likelihood: dict | None, path: Path, title: str) 
         ax.set_title(f"probe {name}")
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
-    _legend_below(fig, axes[0])
+    legend_below(fig, axes[0])
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
