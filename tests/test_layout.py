@@ -3,8 +3,6 @@ checked; nothing is built from a nested `_target_` on the command line; the repo
 in one line; zero_shot imports nothing from probes; no project file is over ~450 lines."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -15,6 +13,7 @@ import torch
 from extract.config import compose_config
 from probes.features import Features
 from probes.pipeline import make_probe
+from tests.conftest import assert_one_error_line, run_module
 from tests.test_train_probe import make_synthetic_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,24 +44,12 @@ def test_state_dict_round_trip_restores_every_probe(name):
     assert fresh.params() == fitted.params()
 
 
-def _run(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args, f"hydra.run.dir={cwd / 'logs'}"], cwd=ROOT,
-                          capture_output=True, text=True)
-
-
-def _one_error_line(result: subprocess.CompletedProcess, needle: str) -> None:
-    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-
-
 def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file() and "logs" not in p.relative_to(root).parts}
 
 
 def test_names_that_become_paths_are_checked(tmp_path):
-    _one_error_line(_run("extract", "model=tiny", "model.name=../escape", "limit=4", f"store_dir={tmp_path / 's'}",
+    assert_one_error_line(run_module("extract", "model=tiny", "model.name=../escape", "limit=4", f"store_dir={tmp_path / 's'}",
                          cwd=tmp_path), "model.name='../escape'")
     make_synthetic_store(tmp_path / "activations", n_real=200, n_neither=100)
     before = _files(tmp_path)
@@ -70,7 +57,7 @@ def test_names_that_become_paths_are_checked(tmp_path):
               "layer=1", "probe=mean_diff"]
     for args, needle in ((["probe.name=/abs"], "probe.name='/abs'"), (["data.name=a/b"], "data.name='a/b'"),
                          (["task.name=.."], "task='..'")):
-        _one_error_line(_run("train_probe", *common, *args, cwd=tmp_path), needle)
+        assert_one_error_line(run_module("train_probe", *common, *args, cwd=tmp_path), needle)
     assert _files(tmp_path) == before and not (tmp_path / "results").exists()
     assert not list(tmp_path.parent.glob("escape*"))
 
@@ -79,14 +66,14 @@ def test_nested_target_on_the_command_line_is_never_built(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     make_synthetic_store(tmp_path / "activations", n_real=200, n_neither=100)
-    result = _run("train_probe", "model.name=synthetic", f"store_dir={tmp_path / 'activations'}",
+    result = run_module("train_probe", "model.name=synthetic", f"store_dir={tmp_path / 'activations'}",
                   f"results_dir={tmp_path / 'results'}", "layer=1", "probe=mean_diff",
                   "+probe.x._target_=builtins.open", f"+probe.x.file={victim}", "+probe.x.mode=w", cwd=tmp_path)
-    _one_error_line(result, "probe.x")
+    assert_one_error_line(result, "probe.x")
     assert victim.read_text() == "keep me"
-    result = _run("train_probe", "model.name=synthetic", f"store_dir={tmp_path / 'activations'}",
+    result = run_module("train_probe", "model.name=synthetic", f"store_dir={tmp_path / 'activations'}",
                   "probe._target_=builtins.print", "layer=1", cwd=tmp_path)
-    _one_error_line(result, "probe._target_='builtins.print'")
+    assert_one_error_line(result, "probe._target_='builtins.print'")
 
 
 def test_report_names_a_truncated_cell_in_one_line(tmp_path):
@@ -97,9 +84,9 @@ def test_report_names_a_truncated_cell_in_one_line(tmp_path):
                                        "n_boot=10", f"store_dir={tmp_path / 'activations'}",
                                        f"results_dir={tmp_path / 'results'}"))[0]
     path.write_text(path.read_text()[:100])
-    result = _run("experiments.report", "model.name=synthetic", f"results_dir={tmp_path / 'results'}",
+    result = run_module("experiments.report", "model.name=synthetic", f"results_dir={tmp_path / 'results'}",
                   f"reports_dir={tmp_path / 'reports'}", cwd=tmp_path)
-    _one_error_line(result, str(path))
+    assert_one_error_line(result, str(path))
 
 
 def test_layering_and_file_sizes():

@@ -3,8 +3,6 @@ stress inputs that leave the target's tokens alone, one-line refusals, and a tin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from extract.statements import DATA_DIR, load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT
 from ncb.interference import perturbations
 from ncb.neighbourhoods import ncb_scores, neighbourhoods, part_of_rows, py_bins, select_groups
+from tests.conftest import assert_one_error_line, run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,18 +101,6 @@ def test_stress_inputs_keep_the_target_statements_tokens():
         assert (kinds == KIND_CONTEXT).sum() > 0 and not (clean_kinds == KIND_CONTEXT).any()
 
 
-def _ncb(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ncb", *args, f"hydra.run.dir={cwd / 'logs'}"], cwd=ROOT,
-                          capture_output=True, text=True)
-
-
-def _one_error_line(result: subprocess.CompletedProcess, needle: str) -> None:
-    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny-model store of every statement about 40 real and 10 synthetic cities, and a linear cell."""
@@ -139,7 +126,7 @@ def test_tiny_run_writes_targets_and_stress(tiny_run):
     root, cell = tiny_run
     args = ["model=tiny", "data=city_locations", f"method='{cell}'", f"store_dir={root / 'activations'}",
             f"results_dir={root / 'results'}", "n_boot=50"]
-    result = _ncb(*args, cwd=root)
+    result = run_module("ncb", *args, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     out = root / "results" / "tiny" / "city_locations" / "ncb" / "linear_true_vs_all_entity_disjoint_layer2_seed0"
     targets = json.loads((out / "targets.json").read_text())
@@ -156,7 +143,7 @@ def test_tiny_run_writes_targets_and_stress(tiny_run):
     high = [r for r, t in by_row.items() if t["group"]["0.35"] == "high"]
     assert high and all(by_row[r]["valid"] for r in high)
     stamp = (out / "stress.json").stat().st_mtime_ns
-    again = _ncb(*args, cwd=root)                  # finished outputs are kept
+    again = run_module("ncb", *args, cwd=root)                  # finished outputs are kept
     assert again.returncode == 0 and (out / "stress.json").stat().st_mtime_ns == stamp
 
     from experiments.ncb_report import write_ncb
@@ -172,19 +159,19 @@ def test_a_cell_of_another_model_or_datapack_is_refused(tiny_run, tmp_path):
         data["config"][key]["name"] = value
         other = tmp_path / f"{key}.json"
         other.write_text(json.dumps(data))
-        result = _ncb("model=tiny", "data=city_locations", f"method='{other}'", f"store_dir={tmp_path / 'act'}",
+        result = run_module("ncb", "model=tiny", "data=city_locations", f"method='{other}'", f"store_dir={tmp_path / 'act'}",
                       f"results_dir={tmp_path / 'results'}", cwd=tmp_path)
-        _one_error_line(result, "give a cell of this model and datapack")
+        assert_one_error_line(result, "give a cell of this model and datapack")
     assert not (tmp_path / "results").exists() and not (tmp_path / "act").exists()
 
 
 def test_a_datapack_without_entities_is_refused(tmp_path):
     pd.DataFrame({"statement": [f"Statement {i}." for i in range(20)], "label": [i % 2 for i in range(20)]}) \
         .to_csv(tmp_path / "plain.csv", index=False)
-    result = _ncb("model=tiny", "data=csv", f"data.path={tmp_path / 'plain.csv'}", "data.name=plain",
+    result = run_module("ncb", "model=tiny", "data=csv", f"data.path={tmp_path / 'plain.csv'}", "data.name=plain",
                   "data.label_column=label", "method=zero_shot", f"store_dir={tmp_path / 'act'}",
                   f"results_dir={tmp_path / 'results'}", cwd=tmp_path)
-    _one_error_line(result, "has no subject entities (object_1)")
+    assert_one_error_line(result, "has no subject entities (object_1)")
     assert not (tmp_path / "results").exists() and not (tmp_path / "act").exists()
 
 
