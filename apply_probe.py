@@ -26,7 +26,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.cells import CellError, atomic_write, cell_path, write_cell
-from evaluation.metrics import cell_metrics, resampling_groups
+from evaluation.cell_metrics import cell_metrics
+from evaluation.metrics import resampling_groups
 from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets

@@ -88,8 +88,6 @@ __all__ = [
     "mean_set_size",
     "bootstrap_ci",
     "evaluate",
-    "raw_auroc",
-    "cell_metrics",
 ]
 
 ABSTAIN = -1
@@ -353,10 +351,10 @@ def resampling_groups(bootstrap: str, groups):
 
 
 # ------------------------------------------------------------------ entry point
-def _json(x):
+def json_value(x):
     """Plain float / None (for NaN) / list thereof."""
     if isinstance(x, (list, tuple)):
-        return [_json(v) for v in x]
+        return [json_value(v) for v in x]
     if x is None:
         return None
     x = float(x)
@@ -399,20 +397,20 @@ def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
         "n": int(yt.size),
         "n_classes": int(k),
         "n_accepted": int(np.sum(yp != ABSTAIN)),
-        "mcc_all": _json(mcc(yt, plain)),
-        "accuracy_all": _json(accuracy(yt, plain)),
-        "mcc": _json(abstain_mcc(yt, yp)),
-        "wmcc": _json(wmcc(yt, yp)),
-        "acceptance": _json(acceptance_rate(yp)),
-        "accuracy": _json(accuracy(yt, yp)),
-        "auroc": _json(auroc(yt, probs if k > 2 else probs[:, 1])),
-        "ece": _json(ece(yt, probs)),
+        "mcc_all": json_value(mcc(yt, plain)),
+        "accuracy_all": json_value(accuracy(yt, plain)),
+        "mcc": json_value(abstain_mcc(yt, yp)),
+        "wmcc": json_value(wmcc(yt, yp)),
+        "acceptance": json_value(acceptance_rate(yp)),
+        "accuracy": json_value(accuracy(yt, yp)),
+        "auroc": json_value(auroc(yt, probs if k > 2 else probs[:, 1])),
+        "ece": json_value(ece(yt, probs)),
         "coverage": None,
         "per_class_coverage": None,
         "mean_set_size": None,
-        "mcc_all_ci": _json(ci_all["mcc"]),
-        "mcc_ci": _json(ci["mcc"]),
-        "wmcc_ci": _json(ci["wmcc"]),
+        "mcc_all_ci": json_value(ci_all["mcc"]),
+        "mcc_ci": json_value(ci["mcc"]),
+        "wmcc_ci": json_value(ci["wmcc"]),
         "ci_level": float(level),
         "n_boot": int(n_boot),
         "bootstrap": "iid" if groups is None else "cluster",
@@ -424,31 +422,7 @@ def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
         s = np.asarray(sets, dtype=bool)
         if s.shape != probs.shape:
             raise ValueError(f"sets have shape {s.shape}, expected {probs.shape}")
-        out["coverage"] = _json(coverage(s, yt))
-        out["per_class_coverage"] = _json(per_class_coverage(s, yt))
-        out["mean_set_size"] = _json(mean_set_size(s))
+        out["coverage"] = json_value(coverage(s, yt))
+        out["per_class_coverage"] = json_value(per_class_coverage(s, yt))
+        out["mean_set_size"] = json_value(mean_set_size(s))
     return out
-
-
-def raw_auroc(y_true, scores) -> float | None:
-    """AUROC from raw probe scores [N, heads] (one head: its score of the positive class; one head per
-    class: one-vs-rest on the heads' scores); None when undefined."""
-    s = np.asarray(scores, dtype=np.float64)
-    return _json(auroc(y_true, s[:, 0] if s.shape[1] == 1 else s))
-
-
-def cell_metrics(y_true, scores, probs, y_pred, sets, groups=None, seed: int = 0, n_boot: int = 1000) -> dict:
-    """The metrics block of a result cell (train_probe's and apply_probe's): `evaluate` on the class
-    probabilities, the conformal predictions and sets; `auroc` from the raw scores (`auroc_probs` from
-    the probabilities); the accepted predictions per label.
-
-    y_true int [N]; scores float [N, heads]; probs float [N, K]; y_pred int [N] (-1 = abstained);
-    sets bool [N, K]; groups int [N] for the cluster bootstrap, None for the i.i.d. one
-    (see `resampling_groups`)."""
-    from evaluation.conformal import acceptance_by_label  # imported here: evaluation.conformal imports this module
-
-    metrics = evaluate(y_true, y_pred, probs, sets=sets, seed=seed, n_boot=n_boot, groups=groups)
-    metrics["auroc_probs"] = metrics["auroc"]
-    metrics["auroc"] = raw_auroc(y_true, scores)
-    metrics.update(acceptance_by_label(y_pred, np.asarray(probs).shape[1]))
-    return metrics

@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from evaluation.cells import cell_path, write_cell
 from evaluation.conformal import ConformalError
-from evaluation.metrics import cell_metrics, mcc, plain_prediction, raw_auroc, resampling_groups
+from evaluation.cell_metrics import cell_metrics, raw_auroc
+from evaluation.metrics import mcc, plain_prediction, resampling_groups
 from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
