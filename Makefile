@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 # make run sweeps RUN_LAYERS (default: every layer) with linear, mean_diff and mlp (C by cross-validation,
 # the five tasks in one job per probe: heads fitted once per layer) and samil at RUN_SAMIL_LAYERS with C
 # fixed at RUN_SAMIL_C (C by CV costs ~40 sAwMIL fits per head with out-of-fold calibration). The probe
-# jobs run as two one-thread streams (two cores); each writes only its own cells.
+# jobs run as two one-thread streams (two cores: linear | mean_diff, mlp, samil); each writes only its own cells.
 RUN_LAYERS ?= all
 RUN_SAMIL_LAYERS ?= [18]
 RUN_SAMIL_C ?= 100
@@ -31,10 +31,10 @@ RUN_TASKS := [true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]
 RUN_ARGS = model=smollm2 data=city_locations 'tasks=$(RUN_TASKS)'
 run: install
 	$(PY) -m extract model=smollm2 data=city_locations
-	OMP_NUM_THREADS=1 $(PY) -m train_probe -m $(RUN_ARGS) probe=linear,mlp 'layer=$(RUN_LAYERS)' \
-		hydra.sweep.dir=logs/make-run/linear_mlp & stream=$$!; \
-	OMP_NUM_THREADS=1 $(PY) -m train_probe -m $(RUN_ARGS) probe=mean_diff 'layer=$(RUN_LAYERS)' \
-		hydra.sweep.dir=logs/make-run/mean_diff \
+	OMP_NUM_THREADS=1 $(PY) -m train_probe -m $(RUN_ARGS) probe=linear 'layer=$(RUN_LAYERS)' \
+		hydra.sweep.dir=logs/make-run/linear & stream=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m train_probe -m $(RUN_ARGS) probe=mean_diff,mlp 'layer=$(RUN_LAYERS)' \
+		hydra.sweep.dir=logs/make-run/mean_diff_mlp \
 	&& OMP_NUM_THREADS=1 $(PY) -m train_probe $(RUN_ARGS) probe=samil probe.C=$(RUN_SAMIL_C) 'layer=$(RUN_SAMIL_LAYERS)'; \
 	other=$$?; wait $$stream && test $$other -eq 0
 	$(PY) -m experiments.report model=smollm2 data=city_locations

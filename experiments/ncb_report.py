@@ -5,6 +5,10 @@
                        accuracy, and the gap high - low (the layout of Table 3 of Xu et al., 2601.05905)
     ncb_stress.png     accuracy against the number k of peers repeating the false claim (peer, peer_truth),
                        high (solid) and low (dashed) NCB group, one panel per method (probes and zero-shot)
+    ncb_internal_vs_behaviour.csv / .md
+                       each probe (internal belief) against the zero-shot answer (behaviour) of the same task on
+                       the same stress inputs: the test targets both get right on the clean statement, the
+                       accuracy of each under every context and the paired difference probe - zero-shot
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evaluation.selective import cluster_bootstrap_indices
 from experiments.plots import pyplot
 from extract.errors import check_name
 
@@ -42,8 +47,9 @@ def load_stress(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
 
 
 def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float = 0.2) -> list[Path]:
-    """Write ncb.csv, ncb.md and ncb_stress.png (the figure at one group `fraction`) to out_dir; returns
-    their paths ([] when the model and datapack have no NCB results)."""
+    """Write ncb.csv, ncb.md and ncb_stress.png (the figure at one group `fraction`) to out_dir, and
+    ncb_internal_vs_behaviour.csv / .md where a probe and zero-shot share a task; returns their paths
+    ([] when the model and datapack have no NCB results)."""
     table = load_stress(results_dir, model, datapack)
     if table.empty:
         log.info("no NCB results for %s / %s (run python -m ncb)", model, datapack)
@@ -55,7 +61,58 @@ def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float =
     paths[1].write_text(_markdown(table))
     plot_stress(table, fraction, paths[2], f"{model}, {datapack}: accuracy under peer conflict\n"
                                            f"high / low NCB = top / bottom {fraction:.0%} of valid test targets")
+    versus = internal_vs_behaviour(results_dir, model, datapack)
+    if not versus.empty:
+        paths += [out / "ncb_internal_vs_behaviour.csv", out / "ncb_internal_vs_behaviour.md"]
+        versus.to_csv(paths[3], index=False)
+        paths[4].write_text(_versus_markdown(versus))
     return paths
+
+
+def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """One row per (probe method, zero-shot method of the same task, interference, level): on the test
+    targets valid for both (both plain predictions right on the clean statement) that both scored under
+    that context, n, n_entities, each method's accuracy, the difference probe - zero-shot, and 95 %
+    intervals from one cluster bootstrap over subject entities (the same draws for both methods)."""
+    folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
+    methods = {}
+    for path in sorted(folder.glob("*/stress.json")):
+        inputs, targets = path.with_name("inputs.csv"), path.with_name("targets.json")
+        if not (inputs.exists() and targets.exists()):
+            continue
+        info = json.loads(path.read_text())["info"]
+        valid = {t["row"] for t in json.loads(targets.read_text()) if t["valid"] and t["part"] == "test"}
+        frame = pd.read_csv(inputs, dtype={"level": str})
+        methods[path.parent.name] = (info, frame[frame["target_row"].isin(valid)])
+    rows = []
+    for probe, (p_info, p_frame) in methods.items():
+        for zero, (z_info, z_frame) in methods.items():
+            if p_info["kind"] != "probe" or z_info["kind"] != "zero_shot" or p_info["task"] != z_info["task"]:
+                continue
+            both = p_frame.merge(z_frame, on=["target_row", "entity", "interference", "level"], suffixes=("_p", "_z"))
+            for (interference, level), part in both.groupby(["interference", "level"], sort=False):
+                a, b = part["correct_p"].to_numpy(float), part["correct_z"].to_numpy(float)
+                draws = np.array([(a[i].mean(), b[i].mean()) for i in
+                                  cluster_bootstrap_indices(part["entity"].to_numpy(), n_boot, seed)])
+                lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+                d_lo, d_hi = np.percentile(draws[:, 0] - draws[:, 1], [2.5, 97.5])
+                rows.append({"probe": probe, "zero_shot": zero, "task": p_info["task"], "interference": interference,
+                             "level": level, "n": len(part), "n_entities": part["entity"].nunique(),
+                             "probe_accuracy": a.mean(), "probe_lo": lo[0], "probe_hi": hi[0],
+                             "zero_shot_accuracy": b.mean(), "zero_shot_lo": lo[1], "zero_shot_hi": hi[1],
+                             "difference": a.mean() - b.mean(), "difference_lo": d_lo, "difference_hi": d_hi})
+    return pd.DataFrame(rows)
+
+
+def _versus_markdown(table: pd.DataFrame) -> str:
+    lines = ["| probe | zero-shot | interference | level | n (entities) | probe accuracy | zero-shot accuracy | "
+             "probe - zero-shot |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        lines.append(f"| {r['probe']} | {r['zero_shot']} | {r['interference']} | {r['level']} | {r['n']} "
+                     f"({r['n_entities']}) | {r['probe_accuracy']:.3f} [{r['probe_lo']:.3f}, {r['probe_hi']:.3f}] | "
+                     f"{r['zero_shot_accuracy']:.3f} [{r['zero_shot_lo']:.3f}, {r['zero_shot_hi']:.3f}] | "
+                     f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}] |")
+    return "\n".join(lines) + "\n"
 
 
 def _markdown(table: pd.DataFrame) -> str:

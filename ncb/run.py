@@ -9,7 +9,7 @@
    each group, its drop from the clean accuracy (1 for valid targets, so drop = 1 - accuracy), the
    gap high - low, with cluster-bootstrap 95 % intervals resampling subject entities.
 
-Outputs, `<results_dir>/<model>/<datapack>/ncb/<method>/`, written atomically and skipped when both
+Outputs, `<results_dir>/<model>/<datapack>/ncb/<method>/`, written atomically and skipped when all three
 exist (overwrite=true recomputes them, and re-extracts the stress store):
 
     targets.json  [{row, part, y, p_y, neighbour_rows, neighbour_p, ncb, ncb_arith, valid, group}, ...]
@@ -17,6 +17,8 @@ exist (overwrite=true recomputes them, and re-extracts the stress store):
     stress.json   {method, model, datapack, info, split, options, counts, notes, results: [{interference, level,
                   fraction, high: {n, n_entities, p_y_mean, ncb_mean, clean_accuracy, accuracy,
                   accuracy_ci, drop, drop_ci}, low: {...}, gap, gap_ci}, ...]}
+    inputs.csv    one row per stress input: target_row, entity (its object_1), interference, level, p_y (the
+                  probability of the target's correct label under that context), correct (plain prediction)
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> list[Path]:
-    """Compute (or keep) targets.json and stress.json of `method=`; returns their paths."""
+    """Compute (or keep) targets.json, stress.json and inputs.csv of `method=`; returns their paths."""
     fractions = [float(f) for f in cfg.fractions]
     if not fractions or not all(0 < f < 0.5 for f in fractions) or int(cfg.n_bins) < 1:
         raise NCBError(f"fractions={list(cfg.fractions)} and n_bins={cfg.n_bins}: give fractions in (0, 0.5), "
@@ -48,7 +50,7 @@ def run(cfg: DictConfig) -> list[Path]:
     name, cell = resolve(cfg)
     out = Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / check_name(cfg.data.name, "data.name") \
         / "ncb" / name
-    paths = [out / "targets.json", out / "stress.json"]
+    paths = [out / "targets.json", out / "stress.json", out / "inputs.csv"]
     if all(p.exists() for p in paths) and not cfg.overwrite:
         log.info("%s exists (overwrite=true recomputes it)", out)
         return paths
@@ -62,6 +64,10 @@ def run(cfg: DictConfig) -> list[Path]:
     by_row = targets.set_index("row")
     y = by_row.loc[frame["target_row"], "y"].to_numpy()
     correct = np.argmax(stress_probs, axis=1) == y
+    inputs = pd.DataFrame({"target_row": frame["target_row"].to_numpy(),
+                           "entity": method.table["object_1"].to_numpy()[frame["target_row"].to_numpy()],
+                           "interference": frame["interference"].to_numpy(), "level": frame["level"].astype(str),
+                           "p_y": stress_probs[np.arange(len(y)), y], "correct": correct})
     pool = test[test["valid"] & test["row"].isin(frame["target_row"])]
     groups = {f: tuple(pool["row"].to_numpy()[g] for g in select_groups(
         pool["ncb"].to_numpy(), pool["p_y"].to_numpy(), f, bool(cfg.balance_by_py), int(cfg.n_bins)))
@@ -79,6 +85,8 @@ def run(cfg: DictConfig) -> list[Path]:
                "notes": notes, "results": results}
     _write_json(paths[0], targets.to_dict(orient="records"))
     _write_json(paths[1], summary)
+    data = inputs.to_csv(index=False).encode()
+    atomic_write(paths[2], lambda f: f.write(data))
     return paths
 
 

@@ -142,6 +142,11 @@ def test_tiny_run_writes_targets_and_stress(tiny_run):
     by_row = {t["row"]: t for t in targets}
     high = [r for r, t in by_row.items() if t["group"]["0.35"] == "high"]
     assert high and all(by_row[r]["valid"] for r in high)
+    inputs = pd.read_csv(out / "inputs.csv", dtype={"level": str})          # the per-input record behind stress.json
+    assert len(inputs) == stress["counts"]["stress_inputs"]
+    five = inputs[(inputs["interference"] == "peer") & (inputs["level"] == "5") & inputs["target_row"].isin(high)]
+    entry5 = next(r for r in stress["results"] if (r["interference"], r["level"], r["fraction"]) == ("peer", "5", 0.35))
+    assert entry5["high"]["accuracy"] == pytest.approx(five["correct"].mean())
     stamp = (out / "stress.json").stat().st_mtime_ns
     again = run_module("ncb", *args, cwd=root)                  # finished outputs are kept
     assert again.returncode == 0 and (out / "stress.json").stat().st_mtime_ns == stamp
@@ -149,6 +154,7 @@ def test_tiny_run_writes_targets_and_stress(tiny_run):
     from experiments.ncb_report import write_ncb
     paths = write_ncb(root / "results", root / "report", "tiny", "city_locations")
     assert [p.name for p in paths] == ["ncb.csv", "ncb.md", "ncb_stress.png"] and all(p.stat().st_size for p in paths)
+    # (no zero-shot method here, so no internal-vs-behaviour table)
     assert len(pd.read_csv(paths[0])) == len(stress["results"])
 
 
@@ -190,3 +196,31 @@ def test_zero_shot_stress_prompt_puts_the_context_before_the_question():
     probs = zero_shot_probs(scores, "multiclass")
     np.testing.assert_allclose(probs[0], [0.2 / 0.9, 0.5 / 0.9, 0.2 / 0.9])
     assert np.isnan(probs[1]).all()
+
+
+def test_internal_vs_behaviour_pairs_the_targets_both_methods_get_right(tmp_path):
+    from experiments.ncb_report import internal_vs_behaviour
+
+    folder = tmp_path / "m" / "d" / "ncb"
+    rng = np.random.default_rng(0)
+    rows = np.arange(40)
+    entity = np.array([f"e{r // 4}" for r in rows])
+    valid = {"probe": rng.random(40) < 0.8, "zs": rng.random(40) < 0.7}
+    correct = {k: rng.random((40, 2)) < 0.6 for k in valid}
+    for name, kind in (("probe", "probe"), ("zs", "zero_shot")):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "stress.json").write_text(json.dumps({"info": {"kind": kind, "task": "multiclass"}}))
+        parts = ["test" if r < 36 else "train" for r in rows]
+        (folder / name / "targets.json").write_text(json.dumps(
+            [{"row": int(r), "part": p, "valid": bool(v)} for r, p, v in zip(rows, parts, valid[name])]))
+        pd.DataFrame({"target_row": np.repeat(rows, 2), "entity": np.repeat(entity, 2),
+                      "interference": "peer", "level": np.tile(["1", "5"], 40), "p_y": 0.5,
+                      "correct": correct[name].reshape(-1)}).to_csv(folder / name / "inputs.csv", index=False)
+    table = internal_vs_behaviour(tmp_path, "m", "d", n_boot=200)
+    assert list(table["level"]) == ["1", "5"] and set(table["probe"]) == {"probe"} and set(table["zero_shot"]) == {"zs"}
+    both = valid["probe"] & valid["zs"] & (rows < 36)                    # valid for both, test part only
+    for k, r in table.iterrows():
+        a, b = correct["probe"][both, k].mean(), correct["zs"][both, k].mean()
+        assert r["n"] == both.sum() and r["n_entities"] == len(set(entity[both]))
+        assert r["probe_accuracy"] == pytest.approx(a) and r["zero_shot_accuracy"] == pytest.approx(b)
+        assert r["difference"] == pytest.approx(a - b) and r["difference_lo"] <= a - b <= r["difference_hi"]
