@@ -72,8 +72,9 @@ def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float =
 def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per (probe method, zero-shot method of the same task, interference, level): on the test
     targets valid for both (both plain predictions right on the clean statement) that both scored under
-    that context, n, n_entities, each method's accuracy, the difference probe - zero-shot, and 95 %
-    intervals from one cluster bootstrap over subject entities (the same draws for both methods)."""
+    that context, n, n_entities, each method's accuracy, the difference probe - zero-shot, 95 % intervals
+    from one cluster bootstrap over subject entities (the same draws for both methods), and each method's
+    mean shift of P(y) (under the context - clean), which moves even where the plain prediction does not."""
     folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
     methods = {}
     for path in sorted(folder.glob("*/stress.json")):
@@ -81,9 +82,11 @@ def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 
         if not (inputs.exists() and targets.exists()):
             continue
         info = json.loads(path.read_text())["info"]
-        valid = {t["row"] for t in json.loads(targets.read_text()) if t["valid"] and t["part"] == "test"}
+        clean = {t["row"]: t["p_y"] for t in json.loads(targets.read_text()) if t["valid"] and t["part"] == "test"}
         frame = pd.read_csv(inputs, dtype={"level": str})
-        methods[path.parent.name] = (info, frame[frame["target_row"].isin(valid)])
+        frame = frame[frame["target_row"].isin(clean)]
+        frame = frame.assign(shift=frame["p_y"] - frame["target_row"].map(clean))   # p_y under context - clean p_y
+        methods[path.parent.name] = (info, frame.drop(columns="p_y"))
     rows = []
     for probe, (p_info, p_frame) in methods.items():
         for zero, (z_info, z_frame) in methods.items():
@@ -100,18 +103,20 @@ def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 
                              "level": level, "n": len(part), "n_entities": part["entity"].nunique(),
                              "probe_accuracy": a.mean(), "probe_lo": lo[0], "probe_hi": hi[0],
                              "zero_shot_accuracy": b.mean(), "zero_shot_lo": lo[1], "zero_shot_hi": hi[1],
-                             "difference": a.mean() - b.mean(), "difference_lo": d_lo, "difference_hi": d_hi})
+                             "difference": a.mean() - b.mean(), "difference_lo": d_lo, "difference_hi": d_hi,
+                             "probe_p_y_shift": part["shift_p"].mean(), "zero_shot_p_y_shift": part["shift_z"].mean()})
     return pd.DataFrame(rows)
 
 
 def _versus_markdown(table: pd.DataFrame) -> str:
     lines = ["| probe | zero-shot | interference | level | n (entities) | probe accuracy | zero-shot accuracy | "
-             "probe - zero-shot |", "|---|---|---|---|---|---|---|---|"]
+             "probe - zero-shot | P(y) shift: probe / zero-shot |", "|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         lines.append(f"| {r['probe']} | {r['zero_shot']} | {r['interference']} | {r['level']} | {r['n']} "
                      f"({r['n_entities']}) | {r['probe_accuracy']:.3f} [{r['probe_lo']:.3f}, {r['probe_hi']:.3f}] | "
                      f"{r['zero_shot_accuracy']:.3f} [{r['zero_shot_lo']:.3f}, {r['zero_shot_hi']:.3f}] | "
-                     f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}] |")
+                     f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}] | "
+                     f"{r['probe_p_y_shift']:+.3f} / {r['zero_shot_p_y_shift']:+.3f} |")
     return "\n".join(lines) + "\n"
 
 

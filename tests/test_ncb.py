@@ -212,7 +212,7 @@ def test_internal_vs_behaviour_pairs_the_targets_both_methods_get_right(tmp_path
         (folder / name / "stress.json").write_text(json.dumps({"info": {"kind": kind, "task": "multiclass"}}))
         parts = ["test" if r < 36 else "train" for r in rows]
         (folder / name / "targets.json").write_text(json.dumps(
-            [{"row": int(r), "part": p, "valid": bool(v)} for r, p, v in zip(rows, parts, valid[name])]))
+            [{"row": int(r), "part": p, "valid": bool(v), "p_y": 0.9} for r, p, v in zip(rows, parts, valid[name])]))
         pd.DataFrame({"target_row": np.repeat(rows, 2), "entity": np.repeat(entity, 2),
                       "interference": "peer", "level": np.tile(["1", "5"], 40), "p_y": 0.5,
                       "correct": correct[name].reshape(-1)}).to_csv(folder / name / "inputs.csv", index=False)
@@ -224,3 +224,4 @@ def test_internal_vs_behaviour_pairs_the_targets_both_methods_get_right(tmp_path
         assert r["n"] == both.sum() and r["n_entities"] == len(set(entity[both]))
         assert r["probe_accuracy"] == pytest.approx(a) and r["zero_shot_accuracy"] == pytest.approx(b)
         assert r["difference"] == pytest.approx(a - b) and r["difference_lo"] <= a - b <= r["difference_hi"]
+        assert r["probe_p_y_shift"] == pytest.approx(0.5 - 0.9) == r["zero_shot_p_y_shift"]
