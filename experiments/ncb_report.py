@@ -145,8 +145,13 @@ def plot_stress(table: pd.DataFrame, fraction: float, path: Path, title: str) ->
     QUANTITY, one panel per method, at the group fraction closest to `fraction`."""
     plt = pyplot()
     methods = list(dict.fromkeys(table["method"]))
-    fig, axes = plt.subplots(1, len(methods), figsize=(max(7.0, 4.5 * len(methods)), 4.6), squeeze=False, sharey=True)
-    for ax, method in zip(axes[0], methods):
+    ncols = min(3, len(methods))
+    nrows = -(-len(methods) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 4.5 * ncols), 3.6 * nrows + 1.0), squeeze=False,
+                             sharey=True)
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
+    for ax, method in zip(axes.flat, methods):
         part = table[(table["method"] == method) & table["interference"].isin(QUANTITY)]
         if part.empty:
             ax.set_title(f"{method}\n(no peer results)", fontsize=8)
@@ -163,11 +168,12 @@ def plot_stress(table: pd.DataFrame, fraction: float, path: Path, title: str) ->
         ax.set_title(f"{method}\n({part['kind'].iloc[0]}, groups of {chosen:.0%})", fontsize=8)
         ax.set_xlabel("k of 5 peers repeating the false claim (0 = neutral control)", fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("accuracy under interference")
+    for row in axes:
+        row[0].set_ylabel("accuracy under interference")
     axes[0][0].set_ylim(0, 1.02)
     fig.suptitle(title, fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=2)
-    fig.tight_layout(rect=(0, 0.14, 1, 0.92))
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=4)
+    fig.tight_layout(rect=(0, 0.8 / fig.get_figheight(), 1, 1 - 0.6 / fig.get_figheight()))
     fig.savefig(path, dpi=120)
     plt.close(fig)
