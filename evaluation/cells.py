@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Callable, IO
@@ -42,9 +43,30 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
                         "folder") from None
 
 
+def remove_stale_temps(folder: Path, prefix: str) -> None:
+    """Delete `<prefix><pid>-*` temporary files of folder whose writer (a process of this host) is gone,
+    e.g. SIGKILLed mid-write; other hosts' temporaries (a shared file system) are left alone."""
+    for tmp in folder.glob(f"{prefix}*"):
+        pid = tmp.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
+
+
 def _write_replace(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=path.suffix)
+    prefix = f".tmp-{socket.gethostname()}-"
+    remove_stale_temps(path.parent, prefix)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -3,6 +3,7 @@ test rows exactly as the cell did (scores and probabilities to 1e-6, the same co
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from functools import partial
@@ -84,3 +85,21 @@ def test_loading_takes_either_file_and_refuses_a_missing_probe(trained):
     artifact_path(cells[0]).unlink()
     with pytest.raises(CellError, match="no saved probe"):
         load_probe(cells[0])
+
+
+def test_a_write_removes_temporaries_of_dead_writers_of_this_host_only(tmp_path):
+    import socket
+
+    from evaluation.cells import atomic_write
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    stale = tmp_path / f".tmp-{host}-{dead.pid}-abc.json"          # SIGKILLed mid-write
+    live = tmp_path / f".tmp-{host}-{os.getpid()}-def.json"        # a writer still running
+    remote = tmp_path / f".tmp-{host}x-{dead.pid}-ghi.json"        # another host's (shared file system)
+    for p in (stale, live, remote):
+        p.write_bytes(b"part")
+    atomic_write(tmp_path / "cell.json", lambda f: f.write(b"{}"))
+    assert (tmp_path / "cell.json").read_bytes() == b"{}"
+    assert not stale.exists() and live.exists() and remote.exists()
