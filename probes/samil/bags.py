@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy.linalg import blas
 
 CHUNK_ROWS = 16384   # row block for matrix products over many rows (bounds temporaries)
 
@@ -76,6 +77,16 @@ def matvec(X: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     for s in range(0, X.shape[0], CHUNK_ROWS):
         out[s:s + CHUNK_ROWS] = X[s:s + CHUNK_ROWS].to(torch.float64) @ w
     return out
+
+
+def gram(Xs: torch.Tensor) -> torch.Tensor:
+    """``Xs^T Xs`` ``[d, d]`` for ``Xs [n, d]``, accumulated in ``Xs``'s precision (float32 or
+    float64; BLAS syrk on CPU: half the work of a general product), returned as float64."""
+    if Xs.device.type == "cpu":     # Xs^T as a Fortran-ordered [d, n] array: no copy
+        syrk = blas.ssyrk if Xs.dtype == torch.float32 else blas.dsyrk
+        G = torch.from_numpy(syrk(1.0, Xs.contiguous().numpy().T, trans=0, lower=1)).to(torch.float64)
+        return G + G.tril(-1).T
+    return (Xs.T @ Xs).to(torch.float64)
 
 
 def unique_rows(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

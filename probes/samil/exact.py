@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import torch
 
+from probes.samil.bags import gram
+
 IPM_FULL_N = 4096    # interior point on all examples up to this many
 STALL_ROUNDS = 6     # polish gives up after this many rounds without fewer KKT violations
+DROP_MASS = 0.1      # IPM preconditioner: rows of at most this much total D_i ||x_i||^2 left out
 
 
 def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60,
-            move_frac: float = 0.25):
+            move_frac: float = 0.25, kmax: int | None = None):
     """Exact hinge-SVM KKT solve on the partition suggested by a smoothed optimum.
 
     Partition: ``Z = {u <= 0}`` (alpha = 0), ``F = {0 < u < mu}`` (on the margin),
-    ``B = {u >= mu}`` (alpha = c); if ``|F| > d+1`` (generically at most ``d+1``
-    examples lie exactly on the margin) only the ``0.9 (d+1)`` most interior
-    ones (``u/mu`` closest to 1/2) start in ``F``.  With ``beta_i = alpha_i y_i`` on ``F``::
+    ``B = {u >= mu}`` (alpha = c); if ``|F| > kmax`` (generically at most ``d+1``
+    examples lie exactly on the margin; default ``kmax = 0.9 (d+1)``) only the ``kmax``
+    most interior ones (``u/mu`` closest to 1/2) start in ``F``.  With ``beta_i = alpha_i y_i`` on ``F``::
 
         w = g_B + X_F^T beta,   g_B = sum_B c_i y_i x_i
         [ X_F X_F^T  1 ] [beta]   [ rho_F * y_F - X_F g_B ]
@@ -36,7 +39,7 @@ def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60
     Z = u <= 0
     F = (u > 0) & (u < mu)
     B = ~Z & ~F
-    kmax = int(0.9 * (d + 1))
+    kmax = int(0.9 * (d + 1)) if kmax is None else kmax
     if int(F.sum()) > kmax:
         score = torch.where(F, (u / mu - 0.5).abs(), torch.full_like(u, 9.0))
         keep = torch.zeros_like(F)
@@ -128,6 +131,66 @@ def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60
     return None
 
 
+def normal_matrix(X, X32, D, sq_norms, precise: bool):
+    """The IPM normal matrix ``[[I + X^T D X, X^T D 1], [1^T D X, sum D]]`` ``[d+1, d+1]``
+    from ``X [n, d]`` (float64), its float32 copy ``X32`` and ``D [n]``.
+
+    ``precise=False``: all rows accumulated in float32 (early iterations: ``D`` mildly spread,
+    a rough direction is enough).  ``precise=True``: a preconditioner for `pcg` -- the
+    ``2 (d+1)`` rows of largest ``D_i ||x_i||^2`` in float64, the others in float32, except a
+    tail of total ``sum D_i ||x_i||^2 <= DROP_MASS`` left out (it moves the eigenvalues of
+    ``M_Q^{-1} M`` into ``[1, 1 + DROP_MASS]``: ``M >= I``).
+    """
+    n, d = X.shape
+    M = torch.zeros(d + 1, d + 1, dtype=torch.float64, device=X.device)
+    if not precise:
+        M[:d, :d] = gram(X32 * D.sqrt().to(torch.float32)[:, None])
+        Dk = D
+    else:
+        mass = D * sq_norms
+        order = torch.argsort(mass, descending=True)
+        tail = torch.flip(torch.cumsum(torch.flip(mass[order], [0]), 0), [0])   # mass of order[i:]
+        n_heavy = min(n, 2 * (d + 1))
+        n_kept = max(n_heavy, int((tail > DROP_MASS).sum()))
+        heavy = order[:n_heavy]
+        M[:d, :d] = gram(X.index_select(0, heavy) * D[heavy].sqrt()[:, None])
+        Dk = torch.zeros_like(D)
+        Dk[order[:n_kept]] = D[order[:n_kept]]
+        if n_kept > n_heavy:
+            light = Dk.clone()
+            light[heavy] = 0.0
+            M[:d, :d] += gram(X32 * light.sqrt().to(torch.float32)[:, None])
+    M[:d, :d] += torch.eye(d, dtype=torch.float64, device=X.device)
+    col = X.T @ Dk
+    M[:d, d] = col
+    M[d, :d] = col
+    M[d, d] = Dk.sum() * (1.0 + 1e-14)
+    return M
+
+
+def pcg(apply, L, rhs, tol: float = 1e-10, max_iter: int = 25):
+    """Solve ``A x = rhs`` (``apply(v) = A v``, SPD, ``[d+1]``) by conjugate gradients
+    preconditioned with the Cholesky factor ``L`` of an approximation of ``A``.
+    Returns ``x`` or None when ``||A x - rhs|| > tol ||rhs||`` after ``max_iter`` steps."""
+    x = torch.cholesky_solve(rhs[:, None], L).reshape(-1)
+    r = rhs - apply(x)
+    bound = tol * float(rhs.norm())
+    if float(r.norm()) <= bound:
+        return x
+    z = torch.cholesky_solve(r[:, None], L).reshape(-1)
+    p, rz = z, float(r @ z)
+    for _ in range(max_iter):
+        Ap = apply(p)
+        step = rz / float(p @ Ap)
+        x, r = x + step * p, r - step * Ap
+        if float(r.norm()) <= bound:
+            return x
+        z = torch.cholesky_solve(r[:, None], L).reshape(-1)
+        rz, rz_old = float(r @ z), rz
+        p = z + (rz / rz_old) * p
+    return None
+
+
 def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int = 60):
     """Primal-dual interior point method (Mehrotra predictor-corrector) for::
 
@@ -136,20 +199,25 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
 
     (``g_far = [g_w, g_b]``: the linear term of examples held at ``alpha = c``
     outside the working set).  Each step solves the ``(d+1)``-sized normal system
-    ``[[I + X^T D X, X^T D 1], [1^T D X, sum D]]`` (Ferris & Munson 2002), cost
-    ``O(n d^2)``.  Returns ``(w, b, alpha [n], iterations)``.
+    ``[[I + X^T D X, X^T D 1], [1^T D X, sum D]]`` (Ferris & Munson 2002): while the
+    complementarity is far from the target, with the matrix accumulated in float32; then by
+    conjugate gradients on the exact (float64, implicit, ``O(n d)`` a product) system,
+    preconditioned with `normal_matrix` (precise) -- and, if that does not converge, with the
+    full float64 matrix. 
+    Returns ``(w, b, alpha [n], iterations)``.
     """
     n, d = X.shape
     dt, dev = X.dtype, X.device
-    X32 = X.to(torch.float32) if n * d >= 2**20 else None
     gw, gb = g_far[:d], float(g_far[d])
+    sq_norms = (X * X).sum(1)
+    X32 = X.to(torch.float32)
     f = X @ w + b
     u = rho - y * f
     xi = torch.clamp(u, min=0.0) + 1.0                 # interior start, consistent with (w, b)
     r = torch.clamp(-u, min=0.0) + 1.0                 # slack of the margin constraint
     a = c / 2                                          # multiplier of the margin constraint
     s = c / 2                                          # multiplier of xi >= 0
-    eye_d = torch.eye(d, dtype=dt, device=dev)
+    tried = None
     it = 0
     for it in range(1, max_iter + 1):
         ay = a * y
@@ -166,30 +234,44 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
         if comp <= gap_target and res <= 1e-8:
             break   # (the certificate is exact whatever the residual; ill-conditioned late steps can raise it)
         D = 1.0 / (xi / s + r / a)
-        # early iterations only need a rough direction: float32 normal matrix while
-        # the complementarity is far from the target (D is mildly spread there)
-        hd = torch.float32 if (X32 is not None and comp > 1e4 * gap_target and
-                               float(D.max()) <= 1e6 * float(D.min())) else dt
-        Xh = X32 if hd == torch.float32 else X
-        XD = Xh * D.to(hd)[:, None]
-        M = torch.empty(d + 1, d + 1, dtype=dt, device=dev)
-        M[:d, :d] = (Xh.T @ XD).to(dt) + eye_d
-        col = XD.sum(0).to(dt)
-        M[:d, d] = col
-        M[d, :d] = col
-        M[d, d] = D.sum() * (1.0 + 1e-14)
-        del XD
-        L, info = torch.linalg.cholesky_ex(M)
-        if int(info) != 0:
-            L, info = torch.linalg.cholesky_ex(M + 1e-10 * float(torch.diagonal(M).max()) * torch.eye(d + 1, dtype=dt, device=dev))
-            if int(info) != 0:
-                break
+        d_sum = float(D.sum())
+
+        def apply(v):                                   # the exact normal matrix times v [d+1]
+            t = D * (X @ v[:d] + v[d])
+            return torch.cat([v[:d] + X.T @ t, (t.sum() + 1e-14 * d_sum * v[d]).reshape(1)])
+
+        rough = comp > 1e4 * gap_target and float(D.max()) <= 1e6 * float(D.min())
+        L, info = torch.linalg.cholesky_ex(normal_matrix(X, X32, D, sq_norms, precise=not rough))
+        exact_L = None
+
+        def solve(rhs):
+            nonlocal exact_L
+            if rough and int(info) == 0:
+                return torch.cholesky_solve(rhs[:, None], L).reshape(-1)
+            sol = pcg(apply, L, rhs) if int(info) == 0 else None
+            if sol is None:                                 # precondition with the full float64 matrix
+                if exact_L is None:
+                    M = torch.empty(d + 1, d + 1, dtype=dt, device=dev)
+                    XD = X * D[:, None]
+                    M[:d, :d] = X.T @ XD + torch.eye(d, dtype=dt, device=dev)
+                    M[:d, d] = M[d, :d] = XD.sum(0)
+                    M[d, d] = d_sum * (1.0 + 1e-14)
+                    del XD
+                    exact_L, bad = torch.linalg.cholesky_ex(M)
+                    if int(bad) != 0:
+                        exact_L, bad = torch.linalg.cholesky_ex(
+                            M + 1e-10 * float(torch.diagonal(M).max()) * torch.eye(d + 1, dtype=dt, device=dev))
+                        if int(bad) != 0:
+                            raise FloatingPointError("interior point: normal matrix is not positive definite")
+                sol = pcg(apply, exact_L, rhs, max_iter=5)
+                if sol is None:
+                    sol = torch.cholesky_solve(rhs[:, None], exact_L).reshape(-1)
+            return sol
 
         def direction(R5a, R5b):
             q = -R4 - (R5b - xi * R3) / s + R5a / a
             Dq = D * q
-            rhs = torch.cat([-R1 + X.T @ (y * Dq), (y @ Dq - R2).reshape(1)])
-            sol = torch.cholesky_solve(rhs[:, None], L).reshape(-1)
+            sol = solve(torch.cat([-R1 + X.T @ (y * Dq), (y @ Dq - R2).reshape(1)]))
             dw, db = sol[:d], float(sol[d])
             dfx = X @ dw + db
             da = D * (q - y * dfx)
@@ -236,7 +318,7 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
     n, d = X.shape
     band_n = int(((u > 0) & (u < mu)).sum())
     K = min(n, max(2 * (d + 1), 3 * band_n))
-    if n <= IPM_FULL_N and K > 0.6 * n:
+    if n <= IPM_FULL_N or K > 0.6 * n:
         ws = torch.ones(n, dtype=torch.bool, device=X.device)
     else:
         ws = torch.zeros(n, dtype=torch.bool, device=X.device)
@@ -248,6 +330,7 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
         cy_far = torch.where(at_c & ~ws, c * y, torch.zeros_like(c))
         g_far = torch.cat([X.T @ cy_far, cy_far.sum().reshape(1)])
         idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
+
         w_i, b_i, a_w, k = interior_point(X.index_select(0, idx), y[idx], c[idx], rho[idx], g_far, w, b,
                                           0.1 * gap_target)
         its += k

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from probes.samil.bags import CHUNK_ROWS
+from probes.samil.bags import CHUNK_ROWS, gram
 
 HESS_CAP = 8192      # Newton Hessians use at most this many (stride-sampled) rows ...
 HESS32_MIN = 2048    # ... accumulated in float32 above this many rows
@@ -29,11 +29,10 @@ def hessian(X: torch.Tensor, idx: torch.Tensor, s: torch.Tensor, eye: torch.Tens
         idx, s = idx[::stride], s[::stride] * stride
     hd = torch.float32 if idx.numel() > HESS32_MIN else torch.float64
     for st in range(0, idx.numel(), CHUNK_ROWS):
-        Xq = X.index_select(0, idx[st:st + CHUNK_ROWS]).to(hd)      # [m, d]
+        Xq = X.index_select(0, idx[st:st + CHUNK_ROWS])               # [m, d] float64
         sq = s[st:st + CHUNK_ROWS]
-        Xs = Xq * sq[:, None].to(hd)
-        H[:d, :d] += (Xq.T @ Xs).to(torch.float64)
-        col = Xs.sum(0).to(torch.float64)
+        H[:d, :d] += gram((Xq * sq.sqrt()[:, None]).to(hd))
+        col = Xq.T @ sq
         H[:d, d] += col
         H[d, :d] += col
         H[d, d] += sq.sum()
