@@ -302,19 +302,19 @@ class _Fits:
 
     def hessian_times(self, curvature: torch.Tensor, lam: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
         """float32 [S, p]: H_s v_s = A^T diag(curvature_s) A v_s + lam_s * v_s for V float32 [S, p]."""
-        return (self.At32 @ (curvature * (self.A32 @ V.T))).T + lam * V
+        return (curvature.T * (V @ self.At32)) @ self.A32 + lam * V
 
     def preconditioner(self, margin: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         """Cholesky factors [S, p, p] (computed in float64, applied in float32) of each fit's Hessian
         with the last fit's curvature at margin [n] in place of its own:
         sum_g group_weights[s, g] A_g^T diag(l''_g) A_g + diag(lam_s); one Gram matrix per group
-        serves all fits."""
+        (accumulated in float32: it only preconditions) serves all fits."""
         h = _loss_derivatives(margin, self.loss)[1]
         P = torch.diag_embed(lam)
         for g in range(self.group_weights.shape[1]):
             rows = self.group == g
-            Ag = self.A[rows]
-            P += self.group_weights[:, g, None, None] * ((Ag * h[rows, None]).T @ Ag)
+            Ag = self.A32[rows] * h[rows, None].sqrt().float()
+            P += self.group_weights[:, g, None, None] * (Ag.T @ Ag).double()
         return _cholesky(P)
 
     def hessians(self, curvature: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
