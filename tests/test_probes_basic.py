@@ -200,3 +200,34 @@ def test_state_dict_round_trip(data):
         fresh.load_state_dict(fitted.state_dict())
         np.testing.assert_array_equal(fresh.decision_function(test), fitted.decision_function(test))
         assert fresh.params() == fitted.params()
+
+
+def test_stratified_group_folds_equal_sklearn():
+    """Our grouped stratified folds are scikit-learn's StratifiedGroupKFold(shuffle=True) folds,
+    index for index, on random labels (2-3 classes), group sizes, fold counts and seeds."""
+    import warnings
+
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from probes.base import stratified_group_folds
+
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(200):
+        n, n_classes = int(rng.integers(20, 500)), int(rng.integers(2, 4))
+        y = rng.integers(0, n_classes, n)
+        groups = rng.integers(0, int(rng.integers(6, max(7, n // 2))), n) * 3 + 7
+        k, seed = int(rng.integers(2, 7)), int(rng.integers(0, 1000))
+        if len(np.unique(groups)) < k or np.bincount(y).min() < k:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = list(StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed).split(
+                np.zeros(n), y, groups))
+        ours = stratified_group_folds(y, groups, k, seed)
+        assert len(ours) == k
+        for (tr, te), (tr_ref, te_ref) in zip(ours, expected):
+            np.testing.assert_array_equal(tr, tr_ref)
+            np.testing.assert_array_equal(te, te_ref)
+        checked += 1
+    assert checked > 100
