@@ -305,7 +305,7 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
     """Interior point on the examples nearest the margin, the others held fixed, then a polish.
 
     The working set is the ``K = max(2 (d+1), 3 |band|)`` examples with ``u``
-    closest to the band ``(0, mu)`` (all examples if that is most of them); the
+    closest to the band ``(0, mu)`` (all examples if that is most of them, or n <= IPM_FULL_N); the
     others keep ``alpha = c`` (``u >= mu/2``) or ``alpha = 0``.  The interior solution tells
     the partition (on the margin: ``|u| < 1e-6``) and a polish on all examples from it lands
     on the exact vertex solution, also when a few examples outside the set were held on the

@@ -93,11 +93,12 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
        near-hard-margin problems: large C), a primal-dual interior point method
        (Mehrotra predictor-corrector, ``(d+1)``-sized normal equations) solves the
        problem restricted to the examples nearest the margin (all of them when
-       ``n <= exact.IPM_FULL_N`` and they are most of the problem), the others held at
+       ``n <= exact.IPM_FULL_N`` or when they are most of the problem), the others held at
        ``alpha = 0`` or ``c``; a polish on all examples from its partition returns the
        exact vertex solution, and when it does not settle the examples held on the wrong
-       side join the set for another round.  It runs after the first
-       level when ``n <= exact.IPM_FULL_N``, else after the second.
+       side join the set for another round.  It runs after the first level when
+       ``n <= exact.IPM_FULL_N`` or the first level's band (times 3) holds more than 60 % of
+       the examples (the smoothed partition is then no guide), else after the second.
     4. Certificate.  The exact-hinge duality gap ``P(w, b) - D(alpha)``,
        ``D(alpha) = sum_i rho_i alpha_i - 0.5 ||sum_i alpha_i y_i x_i||^2`` with a
        feasible ``alpha`` (``0 <= alpha_i <= c_i``, ``sum alpha_i y_i = 0``:
