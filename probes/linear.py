@@ -305,7 +305,7 @@ class _Fits:
         return (curvature.T * (V @ self.At32)) @ self.A32 + lam * V
 
     def preconditioner(self, margin: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        """Cholesky factors [S, p, p] (computed in float64, applied in float32) of each fit's Hessian
+        """Cholesky factors [S, p, p] (factored in float64, applied in float32) of each fit's Hessian
         with the last fit's curvature at margin [n] in place of its own:
         sum_g group_weights[s, g] A_g^T diag(l''_g) A_g + diag(lam_s); one Gram matrix per group
         (accumulated in float32: it only preconditions) serves all fits."""

@@ -16,13 +16,13 @@ DROP_MASS = 0.1      # IPM preconditioner: rows of at most this much total D_i |
 
 
 def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60,
-            move_frac: float = 0.25, kmax: int | None = None):
+            move_frac: float = 0.25):
     """Exact hinge-SVM KKT solve on the partition suggested by a smoothed optimum.
 
     Partition: ``Z = {u <= 0}`` (alpha = 0), ``F = {0 < u < mu}`` (on the margin),
-    ``B = {u >= mu}`` (alpha = c); if ``|F| > kmax`` (generically at most ``d+1``
-    examples lie exactly on the margin; default ``kmax = 0.9 (d+1)``) only the ``kmax``
-    most interior ones (``u/mu`` closest to 1/2) start in ``F``.  With ``beta_i = alpha_i y_i`` on ``F``::
+    ``B = {u >= mu}`` (alpha = c); if ``|F| > d+1`` (generically at most ``d+1``
+    examples lie exactly on the margin) only the ``0.9 (d+1)`` most interior
+    ones (``u/mu`` closest to 1/2) start in ``F``.  With ``beta_i = alpha_i y_i`` on ``F``::
 
         w = g_B + X_F^T beta,   g_B = sum_B c_i y_i x_i
         [ X_F X_F^T  1 ] [beta]   [ rho_F * y_F - X_F g_B ]
@@ -39,7 +39,7 @@ def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60
     Z = u <= 0
     F = (u > 0) & (u < mu)
     B = ~Z & ~F
-    kmax = int(0.9 * (d + 1)) if kmax is None else kmax
+    kmax = int(0.9 * (d + 1))
     if int(F.sum()) > kmax:
         score = torch.where(F, (u / mu - 0.5).abs(), torch.full_like(u, 9.0))
         keep = torch.zeros_like(F)
@@ -131,20 +131,23 @@ def polish(X, y, c, rho, u, mu, working_set: float = 0.005, max_rounds: int = 60
     return None
 
 
-def normal_matrix(X, X32, D, sq_norms, precise: bool):
+def normal_matrix(X, X32, D, sq_norms, kind: str):
     """The IPM normal matrix ``[[I + X^T D X, X^T D 1], [1^T D X, sum D]]`` ``[d+1, d+1]``
-    from ``X [n, d]`` (float64), its float32 copy ``X32`` and ``D [n]``.
+    from ``X [n, d]`` (float64), its float32 copy ``X32``, ``D [n]`` and ``sq_norms = ||x_i||^2 [n]``.
 
-    ``precise=False``: all rows accumulated in float32 (early iterations: ``D`` mildly spread,
-    a rough direction is enough).  ``precise=True``: a preconditioner for `pcg` -- the
+    ``kind="rough"``: all rows accumulated in float32 (early iterations: ``D`` mildly spread,
+    a rough direction is enough).  ``"split"``: a preconditioner for `pcg` -- the
     ``2 (d+1)`` rows of largest ``D_i ||x_i||^2`` in float64, the others in float32, except a
     tail of total ``sum D_i ||x_i||^2 <= DROP_MASS`` left out (it moves the eigenvalues of
-    ``M_Q^{-1} M`` into ``[1, 1 + DROP_MASS]``: ``M >= I``).
+    ``M_Q^{-1} M`` into ``[1, 1 + DROP_MASS]``: ``M >= I``).  ``"exact"``: all rows in float64.
     """
     n, d = X.shape
     M = torch.zeros(d + 1, d + 1, dtype=torch.float64, device=X.device)
-    if not precise:
+    if kind == "rough":
         M[:d, :d] = gram(X32 * D.sqrt().to(torch.float32)[:, None])
+        Dk = D
+    elif kind == "exact":
+        M[:d, :d] = gram(X * D.sqrt()[:, None])
         Dk = D
     else:
         mass = D * sq_norms
@@ -203,7 +206,7 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     complementarity is far from the target, with the matrix accumulated in float32; then by
     conjugate gradients on the exact (float64, implicit, ``O(n d)`` a product) system,
     preconditioned with `normal_matrix` (precise) -- and, if that does not converge, with the
-    full float64 matrix. 
+    full float64 matrix.
     Returns ``(w, b, alpha [n], iterations)``.
     """
     n, d = X.shape
@@ -217,7 +220,6 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     r = torch.clamp(-u, min=0.0) + 1.0                 # slack of the margin constraint
     a = c / 2                                          # multiplier of the margin constraint
     s = c / 2                                          # multiplier of xi >= 0
-    tried = None
     it = 0
     for it in range(1, max_iter + 1):
         ay = a * y
@@ -241,7 +243,7 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
             return torch.cat([v[:d] + X.T @ t, (t.sum() + 1e-14 * d_sum * v[d]).reshape(1)])
 
         rough = comp > 1e4 * gap_target and float(D.max()) <= 1e6 * float(D.min())
-        L, info = torch.linalg.cholesky_ex(normal_matrix(X, X32, D, sq_norms, precise=not rough))
+        L, info = torch.linalg.cholesky_ex(normal_matrix(X, X32, D, sq_norms, "rough" if rough else "split"))
         exact_L = None
 
         def solve(rhs):
@@ -251,12 +253,7 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
             sol = pcg(apply, L, rhs) if int(info) == 0 else None
             if sol is None:                                 # precondition with the full float64 matrix
                 if exact_L is None:
-                    M = torch.empty(d + 1, d + 1, dtype=dt, device=dev)
-                    XD = X * D[:, None]
-                    M[:d, :d] = X.T @ XD + torch.eye(d, dtype=dt, device=dev)
-                    M[:d, d] = M[d, :d] = XD.sum(0)
-                    M[d, d] = d_sum * (1.0 + 1e-14)
-                    del XD
+                    M = normal_matrix(X, X32, D, sq_norms, "exact")
                     exact_L, bad = torch.linalg.cholesky_ex(M)
                     if int(bad) != 0:
                         exact_L, bad = torch.linalg.cholesky_ex(
@@ -300,6 +297,13 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     return w, float(b), torch.minimum(torch.clamp(a, min=0.0), c), it
 
 
+def on_all_rows(n: int, d: int, band_n: int) -> bool:
+    """Whether the interior point takes every example: few of them (``n <= IPM_FULL_N``), or a
+    working set (``max(2 (d+1), 3 |band|)``) that would hold most of them (the smoothed partition is
+    then no guide)."""
+    return n <= IPM_FULL_N or min(n, max(2 * (d + 1), 3 * band_n)) > 0.6 * n
+
+
 def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max_rounds: int = 4,
                                move_frac: float = 0.25):
     """Interior point on the examples nearest the margin, the others held fixed, then a polish.
@@ -318,7 +322,7 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
     n, d = X.shape
     band_n = int(((u > 0) & (u < mu)).sum())
     K = min(n, max(2 * (d + 1), 3 * band_n))
-    if n <= IPM_FULL_N or K > 0.6 * n:
+    if on_all_rows(n, d, band_n):
         ws = torch.ones(n, dtype=torch.bool, device=X.device)
     else:
         ws = torch.zeros(n, dtype=torch.bool, device=X.device)
@@ -330,7 +334,6 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
         cy_far = torch.where(at_c & ~ws, c * y, torch.zeros_like(c))
         g_far = torch.cat([X.T @ cy_far, cy_far.sum().reshape(1)])
         idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
-
         w_i, b_i, a_w, k = interior_point(X.index_select(0, idx), y[idx], c[idx], rho[idx], g_far, w, b,
                                           0.1 * gap_target)
         its += k

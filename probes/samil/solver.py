@@ -174,7 +174,7 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
             rec["polish_seconds"] = time.perf_counter() - t_pol
             if pol is not None:
                 converged = certify(*pol[:3], "polish", polish_rounds=pol[3])
-        if not converged and polish and (level == 1 or (level == 0 and (n <= exact.IPM_FULL_N or 3 * band_n > 0.6 * n))):
+        if not converged and polish and (level == 1 or (level == 0 and exact.on_all_rows(n, d, band_n))):
             # the active-set guess did not settle: interior point on the examples near
             # the margin (all of them when n is small), robust to degeneracy/conditioning
             t_ipm = time.perf_counter()
