@@ -160,9 +160,8 @@ def normal_matrix(X, X32, D, sq_norms, kind: str):
         Dk = torch.zeros_like(D)
         Dk[order[:n_kept]] = D[order[:n_kept]]
         if n_kept > n_heavy:
-            light = Dk.clone()
-            light[heavy] = 0.0
-            M[:d, :d] += gram(X32 * light.sqrt().to(torch.float32)[:, None])
+            light = order[n_heavy:n_kept]
+            M[:d, :d] += gram(X32.index_select(0, light).mul_(D[light].sqrt().to(torch.float32)[:, None]))
     M[:d, :d] += torch.eye(d, dtype=torch.float64, device=X.device)
     col = X.T @ Dk
     M[:d, d] = col
@@ -172,22 +171,24 @@ def normal_matrix(X, X32, D, sq_norms, kind: str):
 
 
 def pcg(apply, L, rhs, tol: float = 1e-10, max_iter: int = 25):
-    """Solve ``A x = rhs`` (``apply(v) = A v``, SPD, ``[d+1]``) by conjugate gradients
-    preconditioned with the Cholesky factor ``L`` of an approximation of ``A``.
-    Returns ``x`` or None when ``||A x - rhs|| > tol ||rhs||`` after ``max_iter`` steps."""
+    """Solve ``A x = rhs`` (SPD, ``[d+1]``) by conjugate gradients preconditioned with the Cholesky
+    factor ``L`` of an approximation of ``A``; ``apply(v) = (A v, B v)`` for some linear map ``B``
+    (the IPM's ``X v[:d]``: tracked along, so the caller gets ``B x`` without another pass).
+    Returns ``(x, B x)`` or None when ``||A x - rhs|| > tol ||rhs||`` after ``max_iter`` steps."""
     x = torch.cholesky_solve(rhs[:, None], L).reshape(-1)
-    r = rhs - apply(x)
+    Ax, Bx = apply(x)
+    r = rhs - Ax
     bound = tol * float(rhs.norm())
     if float(r.norm()) <= bound:
-        return x
+        return x, Bx
     z = torch.cholesky_solve(r[:, None], L).reshape(-1)
     p, rz = z, float(r @ z)
     for _ in range(max_iter):
-        Ap = apply(p)
+        Ap, Bp = apply(p)
         step = rz / float(p @ Ap)
-        x, r = x + step * p, r - step * Ap
+        x, Bx, r = x + step * p, Bx + step * Bp, r - step * Ap
         if float(r.norm()) <= bound:
-            return x
+            return x, Bx
         z = torch.cholesky_solve(r[:, None], L).reshape(-1)
         rz, rz_old = float(r @ z), rz
         p = z + (rz / rz_old) * p
@@ -238,18 +239,20 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
         D = 1.0 / (xi / s + r / a)
         d_sum = float(D.sum())
 
-        def apply(v):                                   # the exact normal matrix times v [d+1]
-            t = D * (X @ v[:d] + v[d])
-            return torch.cat([v[:d] + X.T @ t, (t.sum() + 1e-14 * d_sum * v[d]).reshape(1)])
+        def apply(v):                                   # (the exact normal matrix times v [d+1], X v[:d])
+            xv = X @ v[:d]
+            t = D * (xv + v[d])
+            return torch.cat([v[:d] + X.T @ t, (t.sum() + 1e-14 * d_sum * v[d]).reshape(1)]), xv
 
         rough = comp > 1e4 * gap_target and float(D.max()) <= 1e6 * float(D.min())
         L, info = torch.linalg.cholesky_ex(normal_matrix(X, X32, D, sq_norms, "rough" if rough else "split"))
         exact_L = None
 
-        def solve(rhs):
+        def solve(rhs):                                 # (solution [d+1], X solution[:d])
             nonlocal exact_L
             if rough and int(info) == 0:
-                return torch.cholesky_solve(rhs[:, None], L).reshape(-1)
+                sol = torch.cholesky_solve(rhs[:, None], L).reshape(-1)
+                return sol, X @ sol[:d]
             sol = pcg(apply, L, rhs) if int(info) == 0 else None
             if sol is None:                                 # precondition with the full float64 matrix
                 if exact_L is None:
@@ -262,15 +265,16 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
                             raise FloatingPointError("interior point: normal matrix is not positive definite")
                 sol = pcg(apply, exact_L, rhs, max_iter=5)
                 if sol is None:
-                    sol = torch.cholesky_solve(rhs[:, None], exact_L).reshape(-1)
+                    x = torch.cholesky_solve(rhs[:, None], exact_L).reshape(-1)
+                    sol = x, X @ x[:d]
             return sol
 
         def direction(R5a, R5b):
             q = -R4 - (R5b - xi * R3) / s + R5a / a
             Dq = D * q
-            sol = solve(torch.cat([-R1 + X.T @ (y * Dq), (y @ Dq - R2).reshape(1)]))
+            sol, Xdw = solve(torch.cat([-R1 + X.T @ (y * Dq), (y @ Dq - R2).reshape(1)]))
             dw, db = sol[:d], float(sol[d])
-            dfx = X @ dw + db
+            dfx = Xdw + db
             da = D * (q - y * dfx)
             dr = (R5a - r * da) / a
             ds = R3 - da
@@ -334,8 +338,8 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
         cy_far = torch.where(at_c & ~ws, c * y, torch.zeros_like(c))
         g_far = torch.cat([X.T @ cy_far, cy_far.sum().reshape(1)])
         idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
-        w_i, b_i, a_w, k = interior_point(X.index_select(0, idx), y[idx], c[idx], rho[idx], g_far, w, b,
-                                          0.1 * gap_target)
+        Xw = X if len(idx) == n else X.index_select(0, idx)
+        w_i, b_i, a_w, k = interior_point(Xw, y[idx], c[idx], rho[idx], g_far, w, b, 0.1 * gap_target)
         its += k
         u_all = rho - y * (X @ w_i + b_i)
         pol = polish(X, y, c, rho, u_all + delta, 2 * delta, working_set=0.0, max_rounds=10, move_frac=move_frac)
