@@ -2,7 +2,10 @@
 
 Class-balanced BCE, AdamW, mini-batches, trained by a `lightning.Trainer` with `EarlyStopping` on the
 balanced BCE of a held-out part of the training split (class-stratified; whole groups held out when
-`groups` are given); the weights of the best held-out epoch are restored at the end.
+`groups` are given); the weights of the best held-out epoch are restored at the end. One Trainer step
+is one epoch: `training_step` runs the epoch's mini-batches itself (manual optimisation), because
+the Trainer's per-step hooks cost about half as much as a mini-batch of this size (a fit: 3.2 ->
+2.1 s); the arithmetic, batch order and random stream are those of one Trainer step per mini-batch.
 
 Determinism: every random choice (held-out split, initial weights, batch order, dropout) comes from
 torch's global generator, which the caller seeds with `lightning.seed_everything`; with `seed` set,
@@ -93,6 +96,7 @@ class MLPProbe(Probe):
         self.register_buffer("std", torch.ones(0))
         self.net: nn.Module | None = None
         self._best: tuple[float, int, dict] | None = None
+        self._batches: DataLoader | None = None
         self._val_loss = float("inf")
         self._params: dict = {}
 
@@ -115,8 +119,16 @@ class MLPProbe(Probe):
         X, y, s = batch
         return (s * F.binary_cross_entropy_with_logits(self(X), y, reduction="none")).sum() / s.sum()
 
+    automatic_optimization = False
+
     def training_step(self, batch, batch_idx):
-        return self._loss(batch)
+        """One epoch: an AdamW step on each mini-batch of `self._batches`."""
+        optimizer = self.optimizers()
+        for rows in self._batches:
+            rows = tuple(t.to(self.device) for t in rows)
+            optimizer.zero_grad()
+            self.manual_backward(self._loss(rows))
+            optimizer.step()
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch)  # one batch: the whole held-out part
@@ -153,16 +165,18 @@ class MLPProbe(Probe):
             data = [(X[i], torch.from_numpy(y[i].astype(np.float32)),
                      torch.from_numpy(balanced_weights(y[i], self.class_weight))) for i in (fit_idx, val_idx)]
             generator = torch.Generator().manual_seed(draw_seed(None))
-            train_loader = DataLoader(_Rows(*data[0]), batch_size=self.batch_size, shuffle=True,
-                                      generator=generator, collate_fn=_as_batch)
+            self._batches = DataLoader(_Rows(*data[0]), batch_size=self.batch_size, shuffle=True,
+                                       generator=generator, collate_fn=_as_batch)
+            # one item an epoch, drawing its loader seed from a generator of its own (not the global one)
+            epochs = DataLoader(FullBatch(), batch_size=None, generator=torch.Generator())
             val_loader = DataLoader(FullBatch(*data[1]), batch_size=None)
             stop = EarlyStopping(monitor="val_loss", mode="min", patience=self.patience)
             with quiet_lightning():
                 trainer = make_trainer(self.accelerator, self.max_epochs, callbacks=[stop])
-                trainer.fit(self, train_loader, val_loader)
+                trainer.fit(self, epochs, val_loader)
         best_loss, best_epoch, state = self._best
         self.net.load_state_dict(state)
-        self._best = None
+        self._best, self._batches = None, None
         self.eval()
         self._params = {"hidden": self.hidden, "depth": self.depth, "dropout": self.dropout,
                         "activation": self.activation, "weight_decay": self.weight_decay,
