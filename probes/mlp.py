@@ -4,8 +4,8 @@ Class-balanced BCE, AdamW, mini-batches, trained by a `lightning.Trainer` with `
 balanced BCE of a held-out part of the training split (class-stratified; whole groups held out when
 `groups` are given); the weights of the best held-out epoch are restored at the end. One Trainer step
 is one epoch: `training_step` runs the epoch's mini-batches itself (manual optimisation), because
-the Trainer's per-step hooks cost about half as much as a mini-batch of this size (a fit: 3.2 ->
-2.1 s); the arithmetic, batch order and random stream are those of one Trainer step per mini-batch.
+the Trainer's per-step hooks cost about half as much as a mini-batch of this size (a fit: 2.97 ->
+2.06 s); the arithmetic, batch order and random stream are those of one Trainer step per mini-batch.
 
 Determinism: every random choice (held-out split, initial weights, batch order, dropout) comes from
 torch's global generator, which the caller seeds with `lightning.seed_everything`; with `seed` set,
