@@ -248,11 +248,13 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
         L, info = torch.linalg.cholesky_ex(normal_matrix(X, X32, D, sq_norms, "rough" if rough else "split"))
         exact_L = None
 
+        def with_image(x):                              # (x [d+1], X x[:d])
+            return x, X @ x[:d]
+
         def solve(rhs):                                 # (solution [d+1], X solution[:d])
             nonlocal exact_L
             if rough and int(info) == 0:
-                sol = torch.cholesky_solve(rhs[:, None], L).reshape(-1)
-                return sol, X @ sol[:d]
+                return with_image(torch.cholesky_solve(rhs[:, None], L).reshape(-1))
             sol = pcg(apply, L, rhs) if int(info) == 0 else None
             if sol is None:                                 # precondition with the full float64 matrix
                 if exact_L is None:
@@ -265,8 +267,7 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
                             raise FloatingPointError("interior point: normal matrix is not positive definite")
                 sol = pcg(apply, exact_L, rhs, max_iter=5)
                 if sol is None:
-                    x = torch.cholesky_solve(rhs[:, None], exact_L).reshape(-1)
-                    sol = x, X @ x[:d]
+                    sol = with_image(torch.cholesky_solve(rhs[:, None], exact_L).reshape(-1))
             return sol
 
         def direction(R5a, R5b):
@@ -301,11 +302,15 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     return w, float(b), torch.minimum(torch.clamp(a, min=0.0), c), it
 
 
+def working_set_size(n: int, d: int, band_n: int) -> int:
+    """Examples in the interior point's first working set: ``max(2 (d+1), 3 |band|)``, at most n."""
+    return min(n, max(2 * (d + 1), 3 * band_n))
+
+
 def on_all_rows(n: int, d: int, band_n: int) -> bool:
     """Whether the interior point takes every example: few of them (``n <= IPM_FULL_N``), or a
-    working set (``max(2 (d+1), 3 |band|)``) that would hold most of them (the smoothed partition is
-    then no guide)."""
-    return n <= IPM_FULL_N or min(n, max(2 * (d + 1), 3 * band_n)) > 0.6 * n
+    working set that would hold most of them (the smoothed partition is then no guide)."""
+    return n <= IPM_FULL_N or working_set_size(n, d, band_n) > 0.6 * n
 
 
 def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max_rounds: int = 4,
@@ -325,12 +330,11 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
     """
     n, d = X.shape
     band_n = int(((u > 0) & (u < mu)).sum())
-    K = min(n, max(2 * (d + 1), 3 * band_n))
     if on_all_rows(n, d, band_n):
         ws = torch.ones(n, dtype=torch.bool, device=X.device)
     else:
         ws = torch.zeros(n, dtype=torch.bool, device=X.device)
-        ws[torch.topk(-(u - 0.5 * mu).abs(), K).indices] = True
+        ws[torch.topk(-(u - 0.5 * mu).abs(), working_set_size(n, d, band_n)).indices] = True
     at_c = ~ws & (u >= 0.5 * mu)
     its = 0
     delta = 1e-6
