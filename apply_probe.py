@@ -14,7 +14,6 @@ probe's layer, is refused before anything is written.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import CellError, atomic_write, cell_path, write_cell
+from evaluation.cells import CellError, cell_path, write_cell, write_record
 from evaluation.cell_metrics import cell_metrics
 from evaluation.metrics import resampling_groups
 from evaluation.multiple_choice import probe_mc_if_truthfulqa
@@ -149,8 +148,8 @@ def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir
     record = {"probe_cell": str(cell_file), "model": config["model"]["name"], "train_data": config["data"]["name"],
               "task": config["task"]["name"], "method": config["probe"]["name"], "layer": probe.layer,
               "alpha": config["alpha"], "classes": names, "statements": results}
-    data = json.dumps(record, allow_nan=False, indent=1).encode()
-    atomic_write(out_path, lambda f: f.write(data))
+    write_record(out_path, record, {"probe_cell": str(cell_file), "statements": statements, "name": name,
+                                    "batch_tokens": batch_tokens, "device": device}, indent=1)
     log.info("%d statements scored: %s", len(statements), out_path)
     return out_path
 

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, IO
 
+from evaluation.provenance import provenance
 from extract.errors import ToolkitError, check_name
 
 
@@ -82,9 +83,26 @@ def _write_replace(path: Path, write) -> None:
 
 
 def write_cell(path: Path, cell: dict) -> None:
-    """A cell as JSON (NaN refused: every number in a cell is finite or null), atomically."""
-    data = json.dumps(cell, allow_nan=False).encode()
+    """A cell as JSON (NaN refused: every number in a cell is finite or null), atomically, with the
+    provenance of its `config`."""
+    write_record(path, cell, cell.get("config"))
+
+
+def write_record(path: Path, record: dict, config: dict | None, indent: int | None = None) -> None:
+    """A JSON object (NaN refused) atomically, with `"provenance"` (evaluation.provenance) of the
+    resolved `config` that produced it."""
+    write_json(path, {**record, "provenance": provenance(config)}, indent)
+
+
+def write_json(path: Path, value, indent: int | None = None) -> None:
+    """Any JSON value (NaN refused, numpy scalars as numbers), atomically."""
+    data = json.dumps(value, allow_nan=False, indent=indent, default=_plain).encode()
     atomic_write(path, lambda f: f.write(data))
+
+
+def _plain(x):
+    """numpy scalars as Python numbers; anything else JSON cannot hold as its string."""
+    return x.item() if hasattr(x, "item") else str(x)
 
 
 def read_cell(path: Path) -> dict:

@@ -40,6 +40,7 @@ from extract.errors import ToolkitError
 log = logging.getLogger(__name__)
 CACHE_DIR = Path(os.environ.get("TRUTHPROBE_CACHE") or Path.home() / ".cache" / "truthprobe")
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_GGUF_QUANT = re.compile(r"[._-]((?:I?Q\d+(?:_[A-Z0-9]+)*)|BF16|F16|F32)$", re.IGNORECASE)
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,6 +58,16 @@ class LoadedModel:
     use_chat_template: bool
     system_prompt: str | None
     device: torch.device
+    checkpoint: str        # the weights' name as results show it: "SmolLM2-135M-Instruct"
+    quantisation: str | None   # of a GGUF file: "GGUF Q4_1"; None for unquantised weights
+
+    @property
+    def label(self) -> str:
+        """How results name the model: "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to float32)" or
+        "meta-llama/Llama-3.1-8B-Instruct (bfloat16)"."""
+        if self.quantisation is None:
+            return f"{self.checkpoint} ({self.compute_dtype})"
+        return f"{self.checkpoint} ({self.quantisation}, dequantised to {self.compute_dtype})"
 
     @property
     def n_layers(self) -> int:
@@ -92,15 +103,18 @@ def load_model(cfg) -> LoadedModel:
     source = cfg.source
     if source == "tiny":
         model, tokenizer, model_id, fingerprint = _tiny(cfg)
+        checkpoint, quantisation = model_id, None
     elif source in ("gguf_package", "gguf_parts"):
         gguf = _packaged_gguf(cfg)
         fingerprint = _sha256(gguf)
         model_dir = _converted_gguf(gguf, fingerprint)
         model, tokenizer = _from_pretrained(str(model_dir), dtype, cfg.get("device_map"))
         model_id = f"{cfg.package}/{gguf.name}"
+        checkpoint, quantisation = gguf_checkpoint(gguf.name)
     elif source == "hub":
         model, tokenizer = _from_pretrained(cfg.name_or_path, dtype, cfg.get("device_map"))
-        model_id = cfg.name_or_path
+        model_id = checkpoint = cfg.name_or_path
+        quantisation = None
         fingerprint = (_dir_fingerprint(cfg.name_or_path) or getattr(model.config, "_commit_hash", None)
                        or "unknown-revision")
     else:
@@ -113,7 +127,18 @@ def load_model(cfg) -> LoadedModel:
     use_chat = bool(cfg.get("instruct", False)) if chat == "auto" else bool(chat)
     if use_chat and not getattr(tokenizer, "chat_template", None):
         raise ModelError(f"{model_id} has no chat template: set model.chat_template=false")
-    return LoadedModel(model, tokenizer, model_id, fingerprint, use_chat, cfg.get("system_prompt"), device)
+    return LoadedModel(model, tokenizer, model_id, fingerprint, use_chat, cfg.get("system_prompt"), device,
+                       checkpoint, quantisation)
+
+
+def gguf_checkpoint(file_name: str) -> tuple[str, str]:
+    """(checkpoint, quantisation) of a GGUF file from its name (the usual <model>.<quant>.gguf or
+    <model>-<quant>.gguf): "SmolLM2-135M-Instruct.Q4_1.gguf" -> ("SmolLM2-135M-Instruct", "GGUF Q4_1")."""
+    stem = file_name.removesuffix(".gguf")
+    found = _GGUF_QUANT.search(stem)
+    if found is None:
+        return stem, "GGUF, quantisation not named in the file name"
+    return stem[:found.start()], f"GGUF {found.group(1).upper()}"
 
 
 def resolve_device(name: str) -> torch.device:

@@ -40,7 +40,7 @@ def store_model(attrs: dict, device: str = "auto") -> LoadedModel:
 
 def model_attrs(loaded: LoadedModel) -> dict:
     """The store attributes that identify a loaded model's inputs, as extraction records them."""
-    return {"model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
+    return {"model_id": loaded.model_id, "model_label": loaded.label, "model_fingerprint": loaded.fingerprint,
             "tokenizer_fingerprint": loaded.tokenizer_fingerprint, "compute_dtype": loaded.compute_dtype,
             "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size,
             "chat_template": loaded.use_chat_template,

@@ -14,7 +14,8 @@ exist (overwrite=true recomputes them, and re-extracts the stress store):
 
     targets.json  [{row, part, y, p_y, neighbour_rows, neighbour_p, ncb, ncb_arith, valid, group}, ...]
                   (group: {"0.05": "high" | "low" | null, "0.2": ..., "0.35": ...})
-    stress.json   {method, model, datapack, info, split, options, counts, notes, results: [{interference, level,
+    stress.json   {method, model, datapack, info, split, options, counts (test_neighbourhood_sizes: {number of
+                  neighbours: test targets}), notes, provenance, results: [{interference, level,
                   fraction, high: {n, n_entities, p_y_mean, ncb_mean, clean_accuracy, accuracy,
                   accuracy_ci, drop, drop_ci}, low: {...}, gap, gap_ci}, ...]}
     inputs.csv    one row per stress input: target_row, entity (its object_1), interference, level, p_y (the
@@ -22,7 +23,6 @@ exist (overwrite=true recomputes them, and re-extracts the stress store):
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import atomic_write
+from evaluation.cells import atomic_write, write_json, write_record
 from evaluation.selective import cluster_bootstrap_indices
 from extract.errors import check_name
 from ncb.interference import perturbations
@@ -81,10 +81,11 @@ def run(cfg: DictConfig) -> list[Path]:
                            for k in ("fractions", "balance_by_py", "n_bins", "clip", "n_boot", "seed", "stress")},
                "counts": {**method_counts(method, targets), "test_targets": int(len(test)),
                           "stress_inputs": int(len(frame)), "stress_targets": int(frame["target_row"].nunique()),
-                          "group_pool": int(len(pool))},
+                          "group_pool": int(len(pool)),
+                          "test_neighbourhood_sizes": neighbourhood_sizes(test)},
                "notes": notes, "results": results}
-    _write_json(paths[0], targets.to_dict(orient="records"))
-    _write_json(paths[1], summary)
+    write_json(paths[0], targets.to_dict(orient="records"))
+    write_record(paths[1], summary, OmegaConf.to_container(cfg, resolve=True))
     data = inputs.to_csv(index=False).encode()
     atomic_write(paths[2], lambda f: f.write(data))
     return paths
@@ -108,6 +109,13 @@ def belief_targets(method: Method, clip: float) -> pd.DataFrame:
                           "neighbour_p": [p.tolist() for p in neighbour_p], "ncb": geo, "ncb_arith": arith,
                           "valid": np.argmax(probs, axis=1) == y})
     return frame[keep].reset_index(drop=True)
+
+
+def neighbourhood_sizes(targets: pd.DataFrame) -> dict[str, int]:
+    """{number of neighbours: number of targets}, ascending: how many statements each NCB averages over
+    (a one-neighbour NCB is P(y) times a single other statement's p, not a neighbourhood mean)."""
+    sizes = np.bincount([len(n) for n in targets["neighbour_rows"]])
+    return {str(k): int(c) for k, c in enumerate(sizes) if c}
 
 
 def method_counts(method: Method, targets: pd.DataFrame) -> dict:
@@ -171,13 +179,3 @@ def _accuracies(high: np.ndarray, low: np.ndarray, high_entities, low_entities, 
 def _mean(x) -> float | None:
     x = np.asarray(x, dtype=np.float64)
     return float(x.mean()) if len(x) else None
-
-
-def _write_json(path: Path, value) -> None:
-    data = json.dumps(value, allow_nan=False, default=_plain).encode()
-    atomic_write(path, lambda f: f.write(data))
-
-
-def _plain(x):
-    """numpy scalars as Python numbers (NaN as null is done by the caller's data)."""
-    return x.item() if hasattr(x, "item") else str(x)

@@ -36,8 +36,9 @@ from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conform
 
 SUFFIX = ".probe.safetensors"
 # the store attributes a cell records; MODEL_KEYS of them must agree wherever the probe is applied
-STORE_KEYS = ("model_id", "model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "n_layers", "hidden_size",
-              "dtype", "chat_template", "chat_template_text", "system_prompt", "datapack")
+STORE_KEYS = ("model_id", "model_label", "model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "n_layers",
+              "hidden_size", "dtype", "chat_template", "chat_template_text", "system_prompt", "datapack",
+              "layers")
 MODEL_KEYS = ("model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "dtype", "chat_template",
               "chat_template_text", "system_prompt")
 
@@ -48,7 +49,7 @@ class ModelMismatch(ToolkitError):
 
 def store_summary(store) -> dict:
     """The attributes of an ActivationStore that a cell records (STORE_KEYS), as plain values."""
-    return {k: (v.item() if hasattr(v, "item") else v) for k, v in store.attrs.items() if k in STORE_KEYS}
+    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in store.attrs.items() if k in STORE_KEYS}
 
 
 def check_same_model(recorded: dict, found: dict, where: str) -> None:

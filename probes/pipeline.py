@@ -140,7 +140,10 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
                            groups=resampling_groups(cfg.bootstrap, bank.features.groups[test]))
     targets = list(range(n_classes)) if n_classes > 2 else [1]
     params = {str(c): probe.params() for c, probe in zip(targets, heads)}
-    degenerate = any(p.get("degenerate", False) for p in params.values()) or bool((np.ptp(scores[train], 0) == 0).any())
+    reasons = degenerate_reasons(params, scores[train], metrics)
+    if reasons:
+        log.warning("%s %s: degenerate fit (%s): its metrics describe a constant or a one-label probe",
+                    cfg.probe.name, task, "; ".join(reasons))
     config = OmegaConf.to_container(cfg, resolve=True)
     config.pop("tasks", None)
     config["task"] = {"name": task}
@@ -150,7 +153,8 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
                    "data": {"name": cfg.data.name}},  # the store summary records the model itself
         "method": {"name": method_name(cfg), "probe": cfg.probe.name, "calibration": cfg.calibration,
                    "conformal": cfg.conformal.name},
-        "degenerate": degenerate,  # a head with ||w|| ~ 0 or constant training scores: its metrics are a constant's
+        "degenerate": bool(reasons),  # see degenerate_reasons: its metrics are not a healthy probe's
+        "degenerate_reasons": reasons,
         "metrics": metrics,
         "calibration_metrics": {"mcc_all": mcc(y[cal], plain_prediction(probs[cal])),
                                 "auroc": raw_auroc(y[cal], scores[cal])},
@@ -163,6 +167,35 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
                  "probs": probs[test].tolist(), "sets": sets.astype(int).tolist(), "pred": pred.tolist()},
     }
     return cell, heads
+
+
+def degenerate_reasons(params: dict[str, dict], train_scores: np.ndarray, metrics: dict) -> list[str]:
+    """Why a task's fit is not a healthy probe (empty when it is): "zero_weights" (a head with ||w|| ~ 0),
+    "constant_scores" (a head's training scores [n, heads] all equal), "single_label_accepted" (its
+    conformal sets accept one label only, so MCC on the accepted rows is 0 whatever the scores),
+    "C_at_grid_edge:lower" / ":upper" (a head's C chosen by CV sits on the grid's edge: the grid may not
+    hold the best C), each reason once."""
+    reasons = []
+    if any(p.get("degenerate", False) for p in params.values()):
+        reasons.append("zero_weights")
+    if bool((np.ptp(train_scores, 0) == 0).any()):
+        reasons.append("constant_scores")
+    if metrics.get("single_label_accepted"):
+        reasons.append("single_label_accepted")
+    for p in params.values():
+        edge = grid_edge(p)
+        if edge and f"C_at_grid_edge:{edge}" not in reasons:
+            reasons.append(f"C_at_grid_edge:{edge}")
+    return reasons
+
+
+def grid_edge(params: dict) -> str | None:
+    """"lower" / "upper" when a head's C was chosen by CV over `Cs` (params record both and the CV
+    scores) and is the grid's smallest / largest value, else None."""
+    Cs, C = params.get("Cs"), params.get("C")
+    if not Cs or C is None or len(Cs) < 2 or not (params.get("cv_loss") or params.get("cv_auroc")):
+        return None
+    return "lower" if C == min(Cs) else "upper" if C == max(Cs) else None
 
 
 def make_probe(cfg: DictConfig) -> Probe:

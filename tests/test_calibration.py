@@ -16,7 +16,7 @@ from evaluation.tasks import task_targets
 from extract.store import ActivationStore, store_path
 from probes.features import layer_features
 from probes.mean_diff import MeanDiffProbe
-from probes.pipeline import fit_and_evaluate, train_probes
+from probes.pipeline import degenerate_reasons, fit_and_evaluate, grid_edge, train_probes
 from tests.test_train_probe import make_synthetic_store, probe_config
 
 
@@ -131,6 +131,26 @@ def test_degenerate_and_one_label_fits_are_flagged(weak_dirs):
     assert sum(m["accepted_per_label"].values()) == m["n_accepted"]
     # constant probabilities: every set is the same, so at most one label is ever accepted
     assert m["n_accepted"] == 0 or m["single_label_accepted"]
+    assert "constant_scores" in cell["degenerate_reasons"]
+    assert ("single_label_accepted" in cell["degenerate_reasons"]) == m["single_label_accepted"]
+
+
+def test_one_label_and_grid_edge_fits_are_flagged(weak_dirs, caplog):
+    """A fit whose sets accept one label only, or whose C by CV sits on the grid's edge, is degenerate
+    (with the reason, and one warning line), although its weights are not zero."""
+    assert degenerate_reasons({"1": {"C": 1.0}}, np.array([[0.0], [1.0]]), {"single_label_accepted": True}) \
+        == ["single_label_accepted"]
+    assert degenerate_reasons({"1": {"C": 1.0}}, np.array([[0.0], [1.0]]), {"single_label_accepted": False}) == []
+    with caplog.at_level("WARNING"):
+        cell = _run(weak_dirs, "probe=linear", "probe.Cs=[0.001,0.01]", "overwrite=true")
+    edge = "lower" if cell["probe_params"]["1"]["C"] == 0.001 else "upper"
+    assert cell["degenerate"] is True and f"C_at_grid_edge:{edge}" in cell["degenerate_reasons"]
+    assert any("degenerate fit" in r.getMessage() and "C_at_grid_edge" in r.getMessage() for r in caplog.records)
+    cv = {"Cs": [0.1, 1.0, 10.0], "cv_loss": [0.5, 0.4, 0.6]}
+    assert [grid_edge({**cv, "C": c}) for c in (0.1, 1.0, 10.0)] == ["lower", None, "upper"]
+    assert grid_edge({"Cs": [0.1, 10.0], "C": 10.0, "cv_auroc": {}}) is None   # no folds: C not chosen by CV
+    fixed = _run(weak_dirs, "probe=linear", "probe.C=0.001", "overwrite=true")   # no CV: no grid edge
+    assert not any(r.startswith("C_at_grid_edge") for r in fixed["degenerate_reasons"])
 
 
 def test_reference_conformal_cells(weak_dirs):

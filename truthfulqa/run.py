@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import atomic_write
+from evaluation.cells import atomic_write, write_record
 from evaluation.multiple_choice import mc_scores, question_ci
 from extract.errors import check_name
 from extract.models import load_model
@@ -155,12 +155,12 @@ def run(cfg: DictConfig, on_batch=None) -> Path:
         "format": fmt, "n_questions": len(questions), "mc1": float(mc1.mean()), "mc2": float(mc2.mean()),
         "mc1_ci": question_ci(mc1, cfg.n_boot, cfg.seed), "mc2_ci": question_ci(mc2, cfg.n_boot, cfg.seed),
         "n_duplicate_choices": count_duplicate_choices(questions),
-        "model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
+        "model_id": loaded.model_id, "model_label": loaded.label, "model_fingerprint": loaded.fingerprint,
         "seconds": time.perf_counter() - started, "resumed_after_requests": resumed,
         "questions": [{"row": q.row, "mc1_logliks": a, "mc2_logliks": b, "mc2_labels": y}
                       for q, a, b, y in zip(questions, mc1_ll, mc2_ll, labels)],
     }
-    atomic_write(final, lambda f: f.write(json.dumps(result, indent=1).encode()))
+    write_record(final, result, OmegaConf.to_container(cfg, resolve=True), indent=1)
     partial.unlink(missing_ok=True)
     print(f"TruthfulQA {fmt} ({cfg.model.name}, {len(questions)} questions): "
           f"MC1 {result['mc1']:.4f} [{result['mc1_ci'][0]:.4f}, {result['mc1_ci'][1]:.4f}]  "

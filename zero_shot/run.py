@@ -326,6 +326,6 @@ def run(cfg: DictConfig) -> list[Path]:
         scores = load_scores([path], table)
         meta = json.loads(path.with_suffix(".json").read_text())
         source = {"kind": "computed", "files": [str(path)], "sha256": [_sha256_file(path)],
-                  "meta": {k: meta[k] for k in ("signature", "prompt", "option_tokens", "batch_size", "rows",
-                                                "prefix_tokens", "seconds") if k in meta}}
+                  "meta": {k: meta[k] for k in ("signature", "model_label", "prompt", "option_tokens",
+                                                "batch_size", "rows", "prefix_tokens", "seconds") if k in meta}}
     return evaluate_scores(cfg, scores, table, source)

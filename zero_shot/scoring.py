@@ -267,7 +267,8 @@ def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
         "option_tokens": [[tok.decode([i]) for i in ids] for ids in option_ids],
         "columns": [f"option {i + 1} ({a})" for i, a in enumerate(enum.answers)] + ["remaining mass"],
         "rows": cfg.rows, "limit": cfg.get("limit"), "prefix_tokens": 0 if prefix is None else len(prefix),
-        "model": OmegaConf.to_container(cfg.model, resolve=True), "datapack": cfg.data.name,
+        "model": OmegaConf.to_container(cfg.model, resolve=True), "model_label": loaded.label,
+        "datapack": cfg.data.name,
         "seconds": time.perf_counter() - started, "resumed_after": done,
         "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

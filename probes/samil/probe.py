@@ -66,7 +66,7 @@ class SAwMILProbe(Probe):
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
         options = {k: v for k, v in self.options.items() if isinstance(v, (int, float, str, type(None)))}
         train_scores = self.decision_function(train)
-        self._params = {**options, "eta_target": options["eta"], "C": float(C),
+        self._params = {**options, "eta_target": options["eta"], "C": float(C), "Cs": [float(c) for c in self.Cs],
                         "cv_auroc": {str(c): a for c, a in cv_auroc.items()}, "eta": float(model.eta_),
                         "fallback_used": bool(model.fallback_used_), "standardize": self.standardize,
                         "coef_norm": model.fit_info_["stage3"]["coef_norm"],

@@ -1,0 +1,71 @@
+"""Provenance of every output the toolkit writes: which code, which packages, which command and which
+resolved config produced it. `evaluation.cells.write_record` attaches it to every result cell, transfer
+cell, zero-shot cell, TruthfulQA result, NCB output and apply_probe record.
+
+    {"git_commit": "9510b04...", "git_dirty": false,     # null when the code is not a git checkout
+     "toolkit_version": "0.1.0", "python": "3.11.7",
+     "packages": {"torch": "2.13.0", "transformers": ..., "scikit-learn": ..., "lightning": ..., "numpy": ...},
+     "command": ["python", "-m", "train_probe", "probe=linear", ...],   # argv of the writing process
+     "config_sha256": "..."}                               # of the resolved config (canonical JSON), or null
+
+`git_dirty` is true when tracked files differ from the commit (untracked files are not counted). The
+git state and versions are read once per process.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "transformers", "scikit-learn", "lightning", "numpy")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def provenance(config: dict | None = None) -> dict:
+    """The provenance block of an output produced from the resolved `config` (a plain dict or None)."""
+    commit, dirty = _git_state()
+    return {"git_commit": commit, "git_dirty": dirty, "toolkit_version": _version("truthprobe"),
+            "python": platform.python_version(), "packages": {p: _version(p) for p in PACKAGES},
+            "command": _command(), "config_sha256": config_hash(config)}
+
+
+def config_hash(config: dict | None) -> str | None:
+    """sha256 of the config as canonical JSON (sorted keys), None without a config."""
+    if config is None:
+        return None
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _command() -> list[str]:
+    """argv as typed: `python -m <module> ...` for a module run (argv[0] is then the module's file)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    head = ["python", "-m", spec.name.removesuffix(".__main__")] if spec is not None and spec.name else sys.argv[:1]
+    return [*head, *sys.argv[1:]]
+
+
+@functools.cache
+def _git_state() -> tuple[str | None, bool | None]:
+    """(HEAD commit, tracked files modified) of the checkout holding this package, (None, None) if none."""
+    def git(*args) -> str:
+        return subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != _ROOT:   # installed inside another repo
+            return None, None
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+@functools.cache
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
