@@ -21,7 +21,7 @@ from extract.capture import LayerCapture, plan_batches, plan_windows, render
 from extract.disk import format_bytes, is_sparse, make_folders, remove_empty, reserve, writer_lock
 from extract.models import load_model
 from extract.schema import validate
-from extract.statements import StatementsError, load_statements
+from extract.statements import TRUTHFULQA, StatementsError, limit_statements, load_statements
 from extract.store import (KIND_STATEMENT, StoreError, StoreWriter, build_store, check_compatible, estimate_bytes,
                            select_layers, store_path, torch_to_stored, STORED_DTYPES, TORCH_STORED)
 
@@ -36,8 +36,8 @@ def extract(cfg: DictConfig) -> Path:
     path = store_path(cfg.store_dir, cfg.model.name, data.name)   # names checked before any work
     table = load_statements(data.name, source=data.source, path=data.path,
                             statement_column=data.statement_column, label_column=data.label_column)
-    if cfg.limit is not None:
-        table = table.iloc[: cfg.limit].reset_index(drop=True)
+    if cfg.limit is not None:   # a label-stratified subset of whole subjects (questions never cut)
+        table = limit_statements(table, cfg.limit, whole_groups=data.name == TRUTHFULQA)
     loaded = load_model(cfg.model)
     layers = select_layers(cfg.layers, loaded.n_layers)
     rendered = [render(loaded.tokenizer, s, loaded.use_chat_template, loaded.system_prompt, context=c)
@@ -46,7 +46,7 @@ def extract(cfg: DictConfig) -> Path:
     _check_inputs(table, rendered, loaded.max_positions, data.statement_column)
     token_ids = [ids for ids, _ in rendered]
     attrs = {
-        "model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
+        "model_id": loaded.model_id, "model_label": loaded.label, "model_fingerprint": loaded.fingerprint,
         "tokenizer_id": loaded.model_id, "tokenizer_fingerprint": loaded.tokenizer_fingerprint,
         "compute_dtype": loaded.compute_dtype, "n_layers": loaded.n_layers, "datapack": data.name,
         "chat_template": loaded.use_chat_template,

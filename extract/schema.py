@@ -64,7 +64,7 @@ class ExtractSchema:
     store_dir: str = "activations"
     layers: Any = "all"
     dtype: StoredDtype = MISSING
-    limit: Optional[int] = None
+    limit: Optional[int] = None        # extract.statements.limit_statements' subset of N statements
     overwrite: bool = False
     batch_tokens: int = 4096
     window_tokens: Any = "auto"

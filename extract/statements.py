@@ -18,6 +18,10 @@ Labels are derived from two columns only (see data/trilemma/README.md): neither 
 `real_object` is false, otherwise true / false from `correct`. A user CSV may instead give an
 integer label column (0/1/2). Every problem raises `StatementsError` naming file, row and column.
 
+`limit_statements(table, n)` is the `limit=N` option's subset: every label in the table's
+proportions, whole subject groups, a fixed seed, table order kept; truthfulqa: the first whole
+questions (see its docstring).
+
 The `truthfulqa` datapack (a TruthfulQA CSV, parsed by extract.truthfulqa_pack; `path` gives another
 file of that format) has one statement per MC2 choice of each question: the answer, with context
 "Q: <question>\nA: " (the likelihood format without the primer). Per question, in this order: the
@@ -53,6 +57,7 @@ DATAPACKS["all"] = [f for files in DATAPACKS.values() for f in files]
 TRUTHFULQA = "truthfulqa"
 HF_DATASET = "carlomarxx/trilemma-of-truth"
 COLUMNS = ["statement", "label", "object_1", "object_2", "negation", "source_file", "source_row", "context"]
+LIMIT_SEED = 0  # the fixed seed of limit_statements' group order: the same limit gives the same rows
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
 
 
@@ -81,6 +86,61 @@ def load_statements(datapack: str = "city_locations", source: str = "csv", path:
     tables = [_read_csv(Path(data_dir) / f"{name}.csv", statement_column, label_column)
               for name in DATAPACKS[datapack]]
     return pd.concat(tables, ignore_index=True)
+
+
+def limit_statements(table: pd.DataFrame, n: int, whole_groups: bool = False) -> pd.DataFrame:
+    """The `limit=N` subset of `table`: n rows (at most n with whole_groups), in table order, with
+    a fresh index; the whole table when n >= len(table). Deterministic: the same table and n give
+    the same rows (LIMIT_SEED, no global random state).
+
+    Label-stratified: label c gets n * share_c rows, rounded by largest remainders (so the counts
+    sum to n and each is within 1 of its exact share). Entity-respecting: rows are grouped by
+    subject (`object_1`: a city, drug or word; a row without one is its own group); the groups, in
+    a seeded random order, are taken whole while no label exceeds its count, then the labels still
+    short are topped up with rows of the next groups in that order (only those few are split).
+
+    whole_groups=True (the truthfulqa datapack, object_1 = the question): the first questions, whole,
+    that fit together in n rows, as `python -m truthfulqa limit=K` scores the first K questions; a
+    question is never cut (its MC1 / MC2 need all its answers)."""
+    if n >= len(table):
+        return table.reset_index(drop=True)
+    groups = _subject_groups(table)
+    if whole_groups:
+        fits = np.cumsum([len(rows) for rows in groups]) <= n
+        if not fits[0]:
+            raise StatementsError(f"limit={n} is smaller than the first question ({len(groups[0])} statements), "
+                                  "which is never cut: raise the limit")
+        return table.iloc[np.sort(np.concatenate(groups[:fits.sum()]))].reset_index(drop=True)
+    values, label = np.unique(table["label"].to_numpy(), return_inverse=True)
+    exact = n * np.bincount(label) / len(table)
+    target = np.floor(exact).astype(np.int64)
+    target[np.argsort(target - exact, kind="stable")[:n - target.sum()]] += 1   # largest remainders
+    groups = [groups[g] for g in np.random.default_rng(LIMIT_SEED).permutation(len(groups))]
+    taken = np.zeros(len(table), dtype=bool)
+    have = np.zeros(len(values), dtype=np.int64)
+    for rows in groups:                               # whole groups within every label's count
+        need = np.bincount(label[rows], minlength=len(values))
+        if np.all(have + need <= target):
+            taken[rows] = True
+            have += need
+    for rows in groups:                               # top up the labels still short
+        if have.sum() == n:
+            break
+        for r in rows[~taken[rows]]:
+            if have[label[r]] < target[label[r]]:
+                taken[r] = True
+                have[label[r]] += 1
+    return table.iloc[np.flatnonzero(taken)].reset_index(drop=True)
+
+
+def _subject_groups(table: pd.DataFrame) -> list[np.ndarray]:
+    """Row positions (ascending) of each subject (`object_1`), subjects in order of first
+    appearance; each row without a subject ("") is a group of its own."""
+    subject = table["object_1"].to_numpy(dtype=object)
+    group = pd.factorize(np.where(subject == "", None, subject))[0]   # "" -> -1
+    alone = group < 0
+    group[alone] = group.max(initial=-1) + 1 + np.arange(alone.sum())
+    return np.split(np.argsort(group, kind="stable"), np.cumsum(np.bincount(group))[:-1])
 
 
 def _read_csv(path: Path, statement_column: str, label_column: str | None) -> pd.DataFrame:

@@ -22,7 +22,7 @@ from extract.capture import plan_batches, plan_windows, render
 from extract.errors import ToolkitError
 from extract.models import decoder_layers, load_model
 from extract.run import extract
-from extract.statements import StatementsError, load_statements
+from extract.statements import StatementsError, limit_statements, load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError, StoreWriter
 from tests.conftest import extract_config
 from zero_shot.scoring import scored_rows
@@ -101,7 +101,31 @@ def test_reader_api_matches_manual_computation(tiny_store):
             np.testing.assert_allclose(mean[i], layer[rows].mean(0), rtol=1e-5, atol=1e-6)
         with pytest.raises(StoreError, match="layer 9 is not in"):
             store.layer(9)
-        assert store.table["label"].tolist()[:2] == [0, 1]
+        expected = limit_statements(load_statements("city_locations"), 40)   # the fixture's limit=40
+        assert store.table["label"].tolist() == expected["label"].tolist()
+
+
+def test_limit_stores_the_stratified_subset(tiny_store):
+    """limit=40 stores limit_statements' rows (all three labels; the first 40 rows have no
+    neither statement), in table order, with their source rows."""
+    expected = limit_statements(load_statements("city_locations"), 40)
+    with ActivationStore(tiny_store) as store:
+        table = store.table
+    assert sorted(set(table["label"])) == [0, 1, 2]
+    for column in ("statement", "object_1", "object_2", "source_file", "source_row"):
+        assert table[column].tolist() == expected[column].tolist(), column
+
+
+def test_store_of_another_limit_selection_is_refused(tmp_path, monkeypatch):
+    """A store whose limit=N rows were chosen otherwise (as the first N rows, before limit became
+    a stratified subset) is refused on resume, never mixed: its token ids differ."""
+    args = ["model=tiny", "data=city_locations", "limit=8", "layers=[1]", f"store_dir={tmp_path}"]
+    monkeypatch.setattr("extract.run.limit_statements", lambda table, n, whole_groups: table.iloc[:n])
+    extract(extract_config(*args))
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="holds other token ids") as err:
+        extract(extract_config(*args))
+    assert "\n" not in str(err.value)
 
 
 def test_store_attributes_and_layer_subset(tmp_path):

@@ -1,7 +1,8 @@
-"""Splits: the reference split row for row, and the entity-disjoint split (probes/splits.py)."""
+"""Splits: the reference split row for row, and the entity-disjoint split (evaluation/splits.py)."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from pathlib import Path
 
@@ -92,11 +93,15 @@ def test_reference_split_matches_reference_code(tables, name):
 
 @pytest.mark.parametrize("name", PACKS)
 def test_entity_disjoint_has_no_shared_entity_and_target_fractions(tables, disjoint_splits, name):
+    """By default all three parts are pairwise entity-disjoint (object_1 and object_2, the split's
+    entity_columns): the calibration split picks the best layer, so it must not share test's
+    subjects (the old row partition of the held-out pool shared them for 69-88 % of test rows)."""
     table, split = tables[name], disjoint_splits[name]
     assert_partition(split, len(table))
-    train_entities = entities(table, split.train)
-    assert not train_entities & entities(table, split.calibration)
-    assert not train_entities & entities(table, split.test)
+    columns = split.params["entity_columns"]
+    assert columns == ["object_1", "object_2"] and split.params["disjoint_calibration_test"] is True
+    train, cal, test = (entities(table, p, columns) for p in (split.train, split.calibration, split.test))
+    assert not train & cal and not train & test and not cal & test
     kept = len(table) - len(split.dropped)
     for part, target in ((split.train, 0.55), (split.calibration, 0.20), (split.test, 0.25)):
         assert abs(len(part) / kept - target) <= FRACTION_TOLERANCE
@@ -106,16 +111,21 @@ def test_entity_disjoint_has_no_shared_entity_and_target_fractions(tables, disjo
     assert summary["sizes"]["dropped"] == len(split.dropped) < 0.3 * len(table)
     assert summary["test_rows_sharing_train_entity"] == 0.0
     assert summary["calibration_rows_sharing_train_entity"] == 0.0
+    assert summary["test_rows_sharing_calibration_entity"] == 0.0
     restored = Split.from_dict(json.loads(json.dumps(split.to_dict())))
     assert restored.summary() == summary
 
 
-def test_entity_disjoint_three_way_and_object_1_only(tables):
+def test_entity_disjoint_row_partition_option_and_object_1_only(tables):
+    # disjoint_calibration_test=False: calibration / test a random row partition of the held-out
+    # rows (fewer drops, shared entities), still none shared with train
     table = tables["word_definitions"]
-    split = make_split(table, seed=3, disjoint_calibration_test=True)
+    split = make_split(table, seed=3, disjoint_calibration_test=False)
     assert_partition(split, len(table))
     cal, test = entities(table, split.calibration), entities(table, split.test)
-    assert not cal & test and not entities(table, split.train) & (cal | test)
+    assert cal & test and not entities(table, split.train) & (cal | test)
+    assert len(split.dropped) < len(make_split(table, seed=3).dropped)
+    assert split.summary()["test_rows_sharing_calibration_entity"] > 0.5
     # holding out object_1 only: each city is its own component, nothing is dropped
     city = tables["city_locations"]
     only = make_split(city, seed=0, entity_columns=["object_1"])
@@ -137,6 +147,8 @@ def test_entity_disjoint_is_deterministic_per_seed(tables, disjoint_splits):
 def test_entity_disjoint_config_file(tables):
     cfg = OmegaConf.to_container(compose_config("train_probe", "split=entity_disjoint", "split_seed=3").split, resolve=True)
     assert cfg["kind"] == "entity_disjoint" and cfg["seed"] == 3  # the split follows the run's split_seed
+    assert cfg["disjoint_calibration_test"] is True                # the same default as make_split's
+    assert inspect.signature(make_split).parameters["disjoint_calibration_test"].default is True
     split = make_split(tables["word_definitions"], **cfg)
     json.dumps(split.summary())
     assert split.summary()["params"]["entity_columns"] == ["object_1", "object_2"]

@@ -1,13 +1,17 @@
-"""Statements: label counts equal data/trilemma/README.md; bad input gives one-line errors and no store."""
+"""Statements: label counts equal data/trilemma/README.md; bad input gives one-line errors and no store;
+limit=N is a stratified, deterministic subset of whole subjects."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from evaluation.splits import make_split
 from extract.run import extract
-from extract.statements import DATA_DIR, StatementsError, load_statements
+from extract.statements import DATA_DIR, StatementsError, limit_statements, load_statements
 from tests.conftest import extract_config
 
 
@@ -85,4 +89,49 @@ def test_unreachable_hub_gives_one_line_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(StatementsError, match="use data.source=csv") as err:
         load_statements("city_locations", source="hf")
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------ limit=N
+def cut_subjects(table, part) -> list[str]:
+    """Subjects (object_1) of which `part` holds some but not all of the table's statements."""
+    have, full = part.groupby("object_1").size(), table.groupby("object_1").size()
+    return have.index[have != full[have.index]].tolist()
+
+
+@pytest.mark.parametrize("pack", ["city_locations", "med_indications", "word_definitions"])
+def test_limit_is_label_stratified_deterministic_and_splittable(pack):
+    """limit=60 is no longer the first 60 rows (city_locations': no neither statement): every label
+    in the datapack's proportions (within 1 row), the same rows every time, in table order, whole
+    subjects but for the few groups that top up a label, and still entity-disjointly splittable."""
+    table = load_statements(pack)
+    part = limit_statements(table, 60)
+    assert len(part) == 60 and part.index.tolist() == list(range(60))
+    exact = 60 * np.bincount(table["label"], minlength=3) / len(table)
+    assert np.abs(np.bincount(part["label"], minlength=3) - exact).max() < 1
+    again = limit_statements(load_statements(pack), 60)
+    pd.testing.assert_frame_equal(part, again)
+    key = list(zip(table["source_file"], table["source_row"]))
+    position = {k: i for i, k in enumerate(key)}
+    rows = [position[k] for k in zip(part["source_file"], part["source_row"])]
+    assert rows == sorted(set(rows))                                       # table order, no repeats
+    pd.testing.assert_frame_equal(part, table.iloc[rows].reset_index(drop=True))
+    assert len(cut_subjects(table, part)) <= 3                             # subjects kept whole
+    split = make_split(part)                                               # the default split works
+    assert min(split.sizes()[k] for k in ("train", "calibration", "test")) > 0
+    assert limit_statements(table, len(table)).equals(table)
+
+
+def test_limit_keeps_truthfulqa_questions_whole():
+    """truthfulqa: the first whole questions that fit (as `python -m truthfulqa limit=K` takes the
+    first K questions); the old limit=150 cut the 16th question after 6 of its 10 answers."""
+    table = load_statements("truthfulqa")
+    part = limit_statements(table, 150, whole_groups=True)
+    sizes = table.groupby("object_1", sort=False).size()
+    assert len(part) == sizes.iloc[:15].sum() == 144 and not cut_subjects(table, part)
+    pd.testing.assert_frame_equal(part, table.iloc[:144].reset_index(drop=True))
+    assert set(part["label"]) == {0, 1}
+    pd.testing.assert_frame_equal(part, limit_statements(table, 150, whole_groups=True))
+    with pytest.raises(StatementsError, match="limit=3 is smaller than the first question") as err:
+        limit_statements(table, 3, whole_groups=True)
     assert "\n" not in str(err.value)
