@@ -34,6 +34,7 @@ __all__ = [
     "paired_bootstrap",
     "paired_bootstrap_diff",
     "mcnemar_exact",
+    "holm",
 ]
 
 
@@ -231,9 +232,16 @@ def paired_bootstrap(difference: Callable[[np.ndarray], float], n: int, groups=N
         return {"diff": diff, "ci": [float("nan")] * 2, "p_value": float("nan"),
                 "n_boot": 0, "level": float(level)}
     lo, hi = np.percentile(d, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    p = min(1.0, 2.0 * min(np.mean(d <= 0), np.mean(d >= 0)))
-    return {"diff": diff, "ci": [float(lo), float(hi)], "p_value": float(p),
+    return {"diff": diff, "ci": [float(lo), float(hi)], "p_value": bootstrap_p(d),
             "n_boot": int(d.size), "level": float(level)}
+
+
+def bootstrap_p(draws: np.ndarray) -> float:
+    """Two-sided bootstrap p-value of a difference from its resampled values [B] (NaN-free):
+    2 * min(P*(d <= 0), P*(d >= 0)), capped at 1; NaN without draws."""
+    if len(draws) == 0:
+        return float("nan")
+    return float(min(1.0, 2.0 * min(np.mean(draws <= 0), np.mean(draws >= 0))))
 
 
 def paired_bootstrap_diff(y_true, pred_a, pred_b, metric_fn: Callable, groups=None,
@@ -269,3 +277,20 @@ def mcnemar_exact(y_true, pred_a, pred_b) -> dict:
     m = b_cnt + c_cnt
     p = 1.0 if m == 0 else min(1.0, 2.0 * float(binom.cdf(min(b_cnt, c_cnt), m, 0.5)))
     return {"b": b_cnt, "c": c_cnt, "n_both": int(both.sum()), "p_value": p}
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down family-wise adjustment of the p-values [m] of one family of tests.
+
+    Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j));
+    rejecting where the adjusted p < alpha controls the family-wise error rate at alpha under any
+    dependence between the tests. NaN entries are not tests: they stay NaN and do not count in m.
+    Returns float [m] in the input's order.
+    """
+    p = np.asarray(p_values, dtype=np.float64).ravel()
+    out = np.full(p.size, np.nan)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m = order.size
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return out

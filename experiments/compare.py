@@ -4,10 +4,12 @@
 would need quoted.)
 
 Both cells must hold the same test rows (same datapack, task and split): probe vs probe, layer vs
-layer, probe vs zero-shot. Paired bootstrap intervals (whole subject entities resampled when the
-cells record their groups, else statements) of the differences a - b in MCC and W-MCC (the
-conformal predictions, with abstention) and AURC (the plain prediction ranked by its confidence;
-lower is better), and McNemar's exact test on the statements both accept.
+layer, probe vs zero-shot. Paired bootstrap intervals and two-sided p-values (whole subject entities
+resampled when the cells record their groups, else statements) of the differences a - b of each
+estimand in ESTIMANDS, and McNemar's exact test twice: on the statements both accept, and on the
+plain predictions of all statements. "mcc" compares each cell on its *own* accepted statements
+(different rows for a and b when they abstain differently); "mcc_all" is the like-for-like
+comparison without abstention.
 """
 from __future__ import annotations
 
@@ -19,11 +21,19 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.cells import CellError, read_cell
-from evaluation.metrics import abstain_mcc, as_probs, wmcc
+from evaluation.metrics import abstain_mcc, as_probs, mcc, wmcc
 from evaluation.selective import aurc, mcnemar_exact, paired_bootstrap, paired_bootstrap_diff
 from extract.errors import run_entry
 
 log = logging.getLogger(__name__)
+ESTIMANDS = {   # what each key of compare_cells' result measures; every table names its rows' estimand thus
+    "mcc": "MCC on accepted rows (conformal, abstentions excluded: each cell's own accepted rows)",
+    "wmcc": "W-MCC (MCC on accepted rows x acceptance, all rows)",
+    "mcc_all": "MCC without abstention (argmax, all rows)",
+    "aurc": "AURC of the argmax prediction ranked by its confidence (all rows; lower is better)",
+    "mcnemar": "McNemar exact, conformal predictions, rows both cells accept",
+    "mcnemar_all": "McNemar exact, argmax predictions, all rows",
+}
 
 
 def compare_cells(a: dict, b: dict, n_boot: int = 1000, seed: int = 0, names=("a", "b")) -> dict:
@@ -44,19 +54,21 @@ def compare_cells(a: dict, b: dict, n_boot: int = 1000, seed: int = 0, names=("a
     return {"n": int(y.size), "bootstrap": "iid" if groups is None else "cluster", "n_boot": int(n_boot),
             "mcc": paired_bootstrap_diff(y, *pred, abstain_mcc, groups=groups, n_boot=n_boot, seed=seed),
             "wmcc": paired_bootstrap_diff(y, *pred, wmcc, groups=groups, n_boot=n_boot, seed=seed),
+            "mcc_all": paired_bootstrap_diff(y, *plain, mcc, groups=groups, n_boot=n_boot, seed=seed),
             "aurc": paired_bootstrap(aurc_diff, y.size, groups=groups, n_boot=n_boot, seed=seed),
-            "mcnemar": mcnemar_exact(y, *pred)}
+            "mcnemar": mcnemar_exact(y, *pred), "mcnemar_all": mcnemar_exact(y, *plain)}
 
 
 def compare(args: argparse.Namespace) -> dict:
     result = compare_cells(read_cell(args.a), read_cell(args.b), args.n_boot, args.seed)
-    for key in ("mcc", "wmcc", "aurc"):
+    for key in ("mcc", "wmcc", "mcc_all", "aurc"):
         r = result[key]
-        log.info("%s a - b: %+.3f [%+.3f, %+.3f] (p = %.3g, %s bootstrap)", key, r["diff"], *r["ci"], r["p_value"],
-                 result["bootstrap"])
-    m = result["mcnemar"]
-    log.info("McNemar on %d statements both accept: a right / b wrong %d, a wrong / b right %d, p = %.3g",
-             m["n_both"], m["b"], m["c"], m["p_value"])
+        log.info("%s, a - b: %+.3f [%+.3f, %+.3f] (p = %.3g, %s bootstrap)", ESTIMANDS[key], r["diff"], *r["ci"],
+                 r["p_value"], result["bootstrap"])
+    for key in ("mcnemar", "mcnemar_all"):
+        m = result[key]
+        log.info("%s (%d statements): a right / b wrong %d, a wrong / b right %d, p = %.3g", ESTIMANDS[key],
+                 m["n_both"], m["b"], m["c"], m["p_value"])
     print(json.dumps(result, indent=1))
     return result
 

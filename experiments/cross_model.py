@@ -11,18 +11,27 @@ entity_disjoint by default; a missing model / datapack is logged and skipped) an
 
 Every layer is chosen on the calibration split (experiments.report.best_layers); test intervals are
 95 % cluster-bootstrap intervals (whole subject entities resampled); differences are paired
-(experiments.compare.compare_cells).
+(experiments.compare.compare_cells, whose ESTIMANDS name what each difference measures) with a
+two-sided bootstrap p (`<difference>_p_raw`), Holm-adjusted over the claim's family
+(`<difference>_p_holm`); significant = p < 0.05 (`_significant_raw` / `_significant_holm`).
+`flag`: why a cell's numbers are not a fitted probe's (experiments.tables.cell_flag; empty when healthy).
 
     (a) depth     per (model, datapack, probe, task): relative depth and quarter of the best layer, the test
                   MCC at each quarter's best layer (Q1 [0, .25], Q2 (.25, .5], Q3 (.5, .75], Q4 (.75, 1]),
                   `peak_in_q3`, and the MCC difference Q3's best layer - the best layer outside Q3;
-                  `a_summary`: per model, in how many combinations the peak lies in Q3 and in how many
-                  Q3's best layer is significantly better / worse than the best layer outside Q3
+                  `layers_swept` of `n_stored_layers`: only a probe swept at every stored layer
+                  (`full_sweep`) enters the depth claim (samil, fitted at one chosen layer, does not);
+                  `a_summary`: per model, over the full sweeps, in how many combinations the peak lies in
+                  Q3 and in how many Q3's best layer is significantly better / worse than the best layer
+                  outside Q3 (raw and Holm over all the model's Q3-vs-rest comparisons), and which
+                  combinations were excluded
     (b) neither   per (model, datapack, probe): the multiclass cell at its best layer: recall of "neither",
                   the share of neither statements abstained on, and of those misclassified the share
                   predicted false / true; neither_vs_all MCC at its best layer
     (c) samil     per (model, datapack, task): samil - linear / mlp / mean_diff, each at its best layer:
-                  MCC and W-MCC differences and a verdict per metric (interval above / below 0)
+                  differences of MCC on accepted rows, W-MCC and MCC without abstention, and a verdict per
+                  metric, raw and Holm over all the model's (datapack, task, rival) comparisons of that
+                  metric; `c_summary`: per model, the verdicts counted
 """
 from __future__ import annotations
 
@@ -38,14 +47,16 @@ from evaluation.cells import CellError
 from evaluation.metrics import ABSTAIN
 from evaluation.selective import paired_bootstrap
 from experiments import plots
-from experiments.compare import compare_cells
-from experiments.tables import best_layers, cell_of, layer_table, load_cells
+from experiments.compare import ESTIMANDS, compare_cells
+from experiments.tables import ALPHA, best_layers, cell_of, layer_table, load_cells, p_text, with_holm
 from extract.errors import check_name, run_entry
 from extract.statements import FALSE, NEITHER, TRUE
 
 log = logging.getLogger(__name__)
 QUARTER_EDGES = (0.25, 0.5, 0.75)
 SINGLE_INSTANCE = ("linear", "mlp", "mean_diff")
+C_METRICS = {"mcc": "MCC accepted rows", "wmcc": "W-MCC", "mcc_all": "MCC no abstention"}   # claim (c)'s estimands
+VERDICTS = {"samil better": "better", "samil worse": "worse", "no significant difference": "n.s.", "undefined": "-"}
 
 
 def depth_quarter(depth) -> np.ndarray:
@@ -56,7 +67,9 @@ def depth_quarter(depth) -> np.ndarray:
 def load_study(results_dir: Path, models: list[str], datapacks: list[str],
                split: str = "entity_disjoint") -> dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame]]:
     """{(model, datapack): (cells, layer table)} of the probes' cells of `split` (methods without a layer
-    left out); the table gains `depth` (layer / n_layers) and `quarter`. Missing ones are logged and skipped."""
+    left out); the table gains `depth` (layer / n_layers), `quarter`, and per (probe, task) `layers_swept`,
+    `n_stored_layers` and `full_sweep` (swept at every stored layer, see `stored_layers`). Missing ones
+    are logged and skipped."""
     study = {}
     for model in models:
         for datapack in datapacks:
@@ -75,11 +88,23 @@ def load_study(results_dir: Path, models: list[str], datapacks: list[str],
             table = layer_table(cells)
             table["depth"] = table["layer"].astype(float) / table["n_layers"].astype(float)
             table["quarter"] = depth_quarter(table["depth"])
+            stored = stored_layers(cells)
+            layers = table.groupby(["probe", "task"])["layer"]
+            table["layers_swept"] = layers.transform("nunique")
+            table["n_stored_layers"] = len(stored)
+            table["full_sweep"] = layers.transform(lambda k: stored <= set(k.astype(int))).astype(bool)
             study[model, datapack] = cells, table
     if not study:
         raise CellError(f"no result cells for models {models} and datapacks {datapacks} under {results_dir}: "
                         "run the layer sweeps first (`python -m train_probe experiment=layer_sweep`)")
     return study
+
+
+def stored_layers(cells: pd.DataFrame) -> set[int]:
+    """The layers of the store behind one (model, datapack)'s cells: as the cells record it (their store's
+    `layers`), else every layer at which any of the cells was fitted (the widest sweeps')."""
+    recorded = [set(k) for k in cells["stored_layers"] if isinstance(k, (list, tuple))]
+    return set().union(*recorded) if recorded else set(cells["layer"].dropna().astype(int))
 
 
 def _best(table: pd.DataFrame) -> pd.Series:
@@ -97,9 +122,12 @@ def depth_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataF
     for (probe, task), g in table.groupby(["probe", "task"]):
         best = _best(g)
         row = {"claim": "a", "model": model, "datapack": datapack, "probe": probe, "task": task,
-               "n_layers": int(best["n_layers"]), "layer": int(best["layer"]), "depth": best["depth"],
-               "quarter": int(best["quarter"]), "peak_in_q3": bool(best["quarter"] == 3),
-               **_interval("mcc", best["mcc"], (best["mcc_lo"], best["mcc_hi"]))}
+               "n_layers": int(best["n_layers"]), "layers_swept": int(best["layers_swept"]),
+               "n_stored_layers": int(best["n_stored_layers"]), "full_sweep": bool(best["full_sweep"]),
+               "layer": int(best["layer"]), "depth": best["depth"], "quarter": int(best["quarter"]),
+               "peak_in_q3": bool(best["quarter"] == 3), "flag": best["flag"],
+               **_interval("mcc", best["mcc"], (best["mcc_lo"], best["mcc_hi"])),
+               **_interval("q3_vs_rest_mcc", np.nan, (np.nan, np.nan)), "q3_vs_rest_mcc_p_raw": np.nan}
         for q in range(1, 5):
             inside = g[g["quarter"] == q]
             if len(inside):
@@ -107,27 +135,46 @@ def depth_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataF
                 row.update({f"q{q}_layer": int(b["layer"]),
                             **_interval(f"q{q}_mcc", b["mcc"], (b["mcc_lo"], b["mcc_hi"]))})
         inside, outside = g[g["quarter"] == 3], g[g["quarter"] != 3]
-        if len(inside) and len(outside):
+        if not best["full_sweep"]:
+            log.info("%s / %s / %s / %s: swept at %d of %d stored layers, left out of claim (a)", model, datapack,
+                     probe, task, best["layers_swept"], best["n_stored_layers"])
+        elif len(inside) and len(outside):
             q3, rest = _best(inside), _best(outside)
-            result = compare_cells(cell_of(cells, q3), cell_of(cells, rest), n_boot=n_boot)
-            row.update(outside_layer=int(rest["layer"]),
-                       **_interval("q3_vs_rest_mcc", result["mcc"]["diff"], result["mcc"]["ci"]))
+            result = compare_cells(cell_of(cells, q3), cell_of(cells, rest), n_boot=n_boot)["mcc"]
+            row.update(outside_layer=int(rest["layer"]), q3_vs_rest_mcc_p_raw=result["p_value"],
+                       **_interval("q3_vs_rest_mcc", result["diff"], result["ci"]))
         rows.append(row)
     return rows
 
 
 def depth_summary(depth: pd.DataFrame) -> list[dict]:
-    """Per model, over its (datapack, probe, task) combinations: how often the peak lies in Q3, and how
-    often Q3's best layer is significantly better / worse on test than the best layer outside Q3."""
+    """Per model, over its full sweeps (probes swept at every stored layer): how often the peak lies in Q3,
+    and how often Q3's best layer is significantly better / worse on test than the best layer outside Q3
+    (`depth` after with_holm: raw and Holm); the combinations left out, with their layers swept."""
     rows = []
     for model, g in depth.groupby("model", sort=False):
-        tested = g.dropna(subset=["q3_vs_rest_mcc_lo"]) if "q3_vs_rest_mcc_lo" in g else g.iloc[:0]
-        rows.append({"claim": "a_summary", "model": model, "n_combinations": len(g),
-                     "n_peak_in_q3": int(g["peak_in_q3"].sum()), "n_tested": len(tested),
-                     "n_q3_better": int((tested["q3_vs_rest_mcc_lo"] > 0).sum()),
-                     "n_q3_worse": int((tested["q3_vs_rest_mcc_hi"] < 0).sum()),
-                     "median_q3_vs_rest_mcc": float(tested["q3_vs_rest_mcc"].median()) if len(tested) else np.nan})
+        swept, left_out = g[g["full_sweep"]], g[~g["full_sweep"]]
+        tested = swept.dropna(subset=["q3_vs_rest_mcc_p_raw"])
+        row = {"claim": "a_summary", "model": model, "n_combinations": len(swept),
+               "n_peak_in_q3": int(swept["peak_in_q3"].sum()), "n_tested": len(tested),
+               "median_q3_vs_rest_mcc": float(tested["q3_vs_rest_mcc"].median()) if len(tested) else np.nan,
+               "n_excluded": len(left_out),
+               "excluded": "; ".join(f"{r.datapack} / {r.probe} / {r.task} ({r.layers_swept} of {r.n_stored_layers} "
+                                     "layers)" for r in left_out.itertuples())}
+        row.update(directions(tested, "q3_vs_rest_mcc", "q3"))
+        rows.append(row)
     return rows
+
+
+def directions(tested: pd.DataFrame, prefix: str, name: str) -> dict:
+    """{n_<name>_better_raw, n_<name>_worse_raw, .._holm}: rows of `tested` (after with_holm) whose
+    difference `prefix` is significant and above / below 0."""
+    out = {}
+    for kind in ("raw", "holm"):
+        significant = tested[f"{prefix}_significant_{kind}"].fillna(False).astype(bool)
+        out[f"n_{name}_better_{kind}"] = int((significant & (tested[prefix] > 0)).sum())
+        out[f"n_{name}_worse_{kind}"] = int((significant & (tested[prefix] < 0)).sum())
+    return out
 
 
 def neither_shares(y, pred, groups, n_boot: int, seed: int = 0) -> dict:
@@ -169,7 +216,7 @@ def neither_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.Dat
         test = cell_of(cells, best)["test"]
         groups = np.asarray(test["groups"]) if test.get("groups") is not None else None
         row = {"claim": "b", "model": model, "datapack": datapack, "probe": probe, "layer": int(best["layer"]),
-               "depth": best["depth"], **neither_shares(test["y"], test["pred"], groups, n_boot)}
+               "depth": best["depth"], "flag": best["flag"], **neither_shares(test["y"], test["pred"], groups, n_boot)}
         if len(binary):
             b = _best(binary)
             row.update(neither_vs_all_layer=int(b["layer"]),
@@ -178,12 +225,12 @@ def neither_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.Dat
     return rows
 
 
-def verdict(ci) -> str:
-    """samil - other: better when the interval lies above 0, worse below, else no significant difference."""
-    lo, hi = ci
-    if np.isnan(lo) or np.isnan(hi):
+def verdict(diff: float, significant) -> str:
+    """samil - other: better / worse when the difference is significant and above / below 0, else no
+    significant difference; undefined where there was no test (significant <NA>)."""
+    if pd.isna(significant):
         return "undefined"
-    return "samil better" if lo > 0 else "samil worse" if hi < 0 else "no significant difference"
+    return "no significant difference" if not significant else "samil better" if diff > 0 else "samil worse"
 
 
 def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataFrame, n_boot: int) -> list[dict]:
@@ -198,12 +245,40 @@ def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataF
         for other in (p for p in SINGLE_INSTANCE if (p, task) in best):
             rival = best[other, task]
             result = compare_cells(cell_of(cells, samil), cell_of(cells, rival), n_boot=n_boot)
-            rows.append({"claim": "c", "model": model, "datapack": datapack, "task": task, "versus": other,
-                         "samil_layer": int(samil["layer"]), "other_layer": int(rival["layer"]),
-                         **_interval("delta_mcc", result["mcc"]["diff"], result["mcc"]["ci"]),
-                         **_interval("delta_wmcc", result["wmcc"]["diff"], result["wmcc"]["ci"]),
-                         "p_mcnemar": result["mcnemar"]["p_value"], "bootstrap": result["bootstrap"],
-                         "verdict_mcc": verdict(result["mcc"]["ci"]), "verdict_wmcc": verdict(result["wmcc"]["ci"])})
+            row = {"claim": "c", "model": model, "datapack": datapack, "task": task, "versus": other,
+                   "samil_layer": int(samil["layer"]), "other_layer": int(rival["layer"]),
+                   "samil_flag": samil["flag"], "other_flag": rival["flag"],
+                   "p_mcnemar": result["mcnemar"]["p_value"], "bootstrap": result["bootstrap"]}
+            for metric in C_METRICS:
+                r = result[metric]
+                row.update(_interval(f"delta_{metric}", r["diff"], r["ci"]), **{f"delta_{metric}_p_raw": r["p_value"]})
+            rows.append(row)
+    return rows
+
+
+def samil_verdicts(samil: pd.DataFrame) -> pd.DataFrame:
+    """Claim (c) rows with Holm over each model's comparisons of one metric, and `verdict_<metric>_raw` /
+    `_holm` from the two decisions."""
+    if samil.empty:
+        return samil
+    for metric in C_METRICS:
+        prefix = f"delta_{metric}"
+        samil = with_holm(samil, prefix, ["model"])
+        for kind in ("raw", "holm"):
+            samil[f"verdict_{metric}_{kind}"] = [verdict(d, s) for d, s in
+                                                 zip(samil[prefix], samil[f"{prefix}_significant_{kind}"])]
+    return samil
+
+
+def samil_summary(samil: pd.DataFrame) -> list[dict]:
+    """Per model: its claim (c) comparisons, and per metric how many say samil is significantly better /
+    worse (raw and Holm)."""
+    rows = []
+    for model, g in (samil.groupby("model", sort=False) if len(samil) else ()):
+        row = {"claim": "c_summary", "model": model, "n_comparisons": len(g)}
+        for metric in C_METRICS:
+            row.update({f"{k}_{metric}": v for k, v in directions(g, f"delta_{metric}", "samil").items()})
+        rows.append(row)
     return rows
 
 
@@ -254,48 +329,71 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(str(x) for x in row) + " |" for row in rows) + "\n"
 
 
-def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.DataFrame, samil: pd.DataFrame) -> str:
+def _flag(value) -> str:
+    return "" if pd.isna(value) else str(value)
+
+
+def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.DataFrame, samil: pd.DataFrame,
+                    samil_counts: pd.DataFrame) -> str:
     """claims.md: one section per claim, summary lines first, then a table."""
     text = ["## (a) Does the signal concentrate in the third quarter of depth?", "",
-            ("Best layer chosen on the calibration split; test MCC with cluster-bootstrap 95 % intervals at each "
-            "depth quarter's best layer (Q1 [0, .25], Q2 (.25, .5], Q3 (.5, .75], Q4 (.75, 1] of layer / L); last "
-            "column: paired difference of test MCC, Q3's best layer - the best layer outside Q3."), ""]
+            ("Best layer chosen on the calibration split; test MCC on accepted rows (conformal, abstentions "
+             "excluded) with cluster-bootstrap 95 % intervals at each depth quarter's best layer (Q1 [0, .25], Q2 "
+             "(.25, .5], Q3 (.5, .75], Q4 (.75, 1] of layer / L); Q3 - rest: paired difference of that MCC, Q3's "
+             "best layer - the best layer outside Q3, with its two-sided bootstrap p raw / Holm-adjusted over the "
+             f"family of all the model's (datapack, probe, task) Q3-vs-rest comparisons; significant = p < {ALPHA}. "
+             "Only probes swept at every stored layer enter the claim; the others are listed, not counted."), ""]
     for _, s in summary.iterrows():
         text.append(f"- **{s['model']}**: the best layer lies in Q3 in {s['n_peak_in_q3']} of {s['n_combinations']} "
-                    f"(datapack, probe, task) combinations; Q3's best layer against the best layer outside Q3: "
-                    f"significantly better in {s['n_q3_better']}, worse in {s['n_q3_worse']} of {s['n_tested']} "
-                    f"(median MCC difference {s['median_q3_vs_rest_mcc']:+.3f}).")
+                    f"(datapack, probe, task) combinations swept at every stored layer; Q3's best layer against the "
+                    f"best layer outside Q3: significantly better in {s['n_q3_better_raw']} raw / "
+                    f"{s['n_q3_better_holm']} after Holm, worse in {s['n_q3_worse_raw']} / {s['n_q3_worse_holm']}, "
+                    f"of {s['n_tested']} (median MCC difference {s['median_q3_vs_rest_mcc']:+.3f}).")
+        if s["n_excluded"]:
+            text.append(f"  Not swept at every stored layer, so left out: {s['excluded']}.")
     lines = []
     for _, r in depth.iterrows():
         quarters = [_ci(r, f"q{q}_mcc", layer=f"q{q}_layer") for q in range(1, 5)]
-        lines.append([r["model"], r["datapack"], r["probe"], r["task"],
-                      f"{r['layer']} ({r['depth']:.2f}, Q{r['quarter']})", *quarters,
-                      "yes" if r["peak_in_q3"] else "no", _ci(r, "q3_vs_rest_mcc", signed=True)])
-    text += ["", _table(["model", "datapack", "probe", "task", "best layer (depth, quarter)", "Q1 MCC", "Q2 MCC",
-                         "Q3 MCC", "Q4 MCC", "peak in Q3", "Q3 - rest MCC"], lines)]
+        peak = ("yes" if r["peak_in_q3"] else "no") if r["full_sweep"] else "not swept"
+        lines.append([r["model"], r["datapack"], r["probe"], r["task"], f"{r['layers_swept']} of {r['n_stored_layers']}",
+                      f"{r['layer']} ({r['depth']:.2f}, Q{r['quarter']})", *quarters, peak,
+                      _ci(r, "q3_vs_rest_mcc", signed=True), p_text(r, "q3_vs_rest_mcc"), _flag(r["flag"])])
+    text += ["", _table(["model", "datapack", "probe", "task", "layers swept", "best layer (depth, quarter)", "Q1 MCC",
+                         "Q2 MCC", "Q3 MCC", "Q4 MCC", "peak in Q3", "Q3 - rest MCC", "p / Holm", "flag"], lines)]
 
     text += ["## (b) Is \"neither\" separable as its own class rather than as false?", "",
              ("Multiclass probe at its best calibration layer, test statements labelled neither: recall, share "
              "abstained on, and of those predicted a real class the share predicted false / true (cluster-bootstrap "
-             "95 % intervals); neither_vs_all test MCC at its own best layer."), ""]
+             "95 % intervals); neither_vs_all test MCC (accepted rows) at its own best layer."), ""]
     lines = [[r["model"], r["datapack"], r["probe"], f"{r['layer']} ({r['depth']:.2f})", _ci(r, "neither_recall"),
               _ci(r, "neither_abstained"), _ci(r, "misclassified_as_false"), _ci(r, "misclassified_as_true"),
               f"{r['n_neither']} ({r['n_as_false']} / {r['n_as_true']} / {r['n_abstained']})",
-              _ci(r, "neither_vs_all_mcc", layer="neither_vs_all_layer")]
+              _ci(r, "neither_vs_all_mcc", layer="neither_vs_all_layer"), _flag(r["flag"])]
              for _, r in neither.iterrows()]
     text += [_table(["model", "datapack", "probe", "multiclass layer (depth)", "neither recall", "abstained",
                      "misclassified: false", "misclassified: true", "n neither (as false / true / abstained)",
-                     "neither_vs_all MCC"], lines)]
+                     "neither_vs_all MCC", "flag"], lines)]
 
     text += ["## (c) Does sAwMIL beat the single-instance probes?", "",
-             ("Each probe at its best calibration layer; paired cluster-bootstrap differences samil - other of test "
-             "MCC and W-MCC (95 % intervals); a verdict says whether the interval lies above 0 (samil better), below "
-             "(samil worse) or covers 0."), ""]
+             ("Each probe at its best calibration layer; paired cluster-bootstrap differences samil - other (95 % "
+              "intervals) of: " + "; ".join(f"{label}: {ESTIMANDS[m]}" for m, label in C_METRICS.items()) + ". p: two-sided bootstrap "
+              f"p raw / Holm-adjusted over the family of all the model's (datapack, task, rival) comparisons of that "
+              f"metric; a verdict (raw / Holm) says samil better or worse where p < {ALPHA}. McNemar (rows both "
+              "accept, unadjusted) is shown apart and decides no verdict."), ""]
+    for _, s in samil_counts.iterrows():
+        counts = "; ".join(f"{label}: worse in {s[f'n_samil_worse_raw_{m}']} raw / {s[f'n_samil_worse_holm_{m}']} Holm, "
+                           f"better in {s[f'n_samil_better_raw_{m}']} / {s[f'n_samil_better_holm_{m}']}"
+                           for m, label in C_METRICS.items())
+        text.append(f"- **{s['model']}**, of {s['n_comparisons']} comparisons: {counts}.")
     lines = [[r["model"], r["datapack"], r["task"], r["versus"], f"{r['samil_layer']} / {r['other_layer']}",
-              _ci(r, "delta_mcc", signed=True), _ci(r, "delta_wmcc", signed=True), f"{r['p_mcnemar']:.3g}",
-              r["verdict_mcc"], r["verdict_wmcc"]] for _, r in samil.iterrows()]
-    text += [_table(["model", "datapack", "task", "samil vs", "layers (samil / other)", "MCC difference",
-                     "W-MCC difference", "p (McNemar)", "verdict (MCC)", "verdict (W-MCC)"], lines)]
+              *(x for m in C_METRICS for x in (_ci(r, f"delta_{m}", signed=True), p_text(r, f"delta_{m}"),
+                                               " / ".join(VERDICTS[r[f"verdict_{m}_{k}"]] for k in ("raw", "holm")))),
+              f"{r['p_mcnemar']:.3g}", _flag(r["samil_flag"]) + " / " + _flag(r["other_flag"])]
+             for _, r in samil.iterrows()]
+    text += ["", _table(["model", "datapack", "task", "samil vs", "layers (samil / other)",
+                         *(x for label in C_METRICS.values()
+                           for x in (f"{label} difference", "p / Holm", "verdict (raw / Holm)")),
+                         "p (McNemar)", "flag (samil / other)"], lines)]
     return "\n".join(text)
 
 
@@ -319,9 +417,11 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
         parts["b"] += neither_claims(model, datapack, cells, table, n_boot)
         parts["c"] += samil_claims(model, datapack, cells, table, n_boot)
     depth, neither, samil = (pd.DataFrame(parts[k]) for k in "abc")
-    summary = pd.DataFrame(depth_summary(depth))
-    pd.concat([depth, summary, neither, samil], ignore_index=True).to_csv(out / "claims.csv", index=False)
-    (out / "claims.md").write_text(claims_markdown(depth, summary, neither, samil))
+    depth = with_holm(depth, "q3_vs_rest_mcc", ["model"])
+    samil = samil_verdicts(samil)
+    summary, samil_counts = pd.DataFrame(depth_summary(depth)), pd.DataFrame(samil_summary(samil))
+    pd.concat([depth, summary, neither, samil, samil_counts], ignore_index=True).to_csv(out / "claims.csv", index=False)
+    (out / "claims.md").write_text(claims_markdown(depth, summary, neither, samil, samil_counts))
     log.info("cross-model report written to %s (%d model / datapack pairs)", out, len(study))
     return out
 

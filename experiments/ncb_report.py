@@ -2,13 +2,16 @@
 
     ncb.csv / ncb.md   per method, interference, level and fraction: accuracy under interference of the
                        high and low NCB groups with cluster-bootstrap 95 % intervals, their drop from clean
-                       accuracy, and the gap high - low (the layout of Table 3 of Xu et al., 2601.05905)
+                       accuracy, and the gap high - low (the layout of Table 3 of Xu et al., 2601.05905);
+                       where stress.json records the gap's bootstrap p (`gap_p`), `gap_p_raw` and `gap_p_holm`
+                       (Holm over the family of all one method's gaps: every interference, level and fraction)
     ncb_stress.png     accuracy against the number k of peers repeating the false claim (peer, peer_truth),
                        high (solid) and low (dashed) NCB group, one panel per method (probes and zero-shot)
     ncb_internal_vs_behaviour.csv / .md
                        each probe (internal belief) against the zero-shot answer (behaviour) of the same task on
                        the same stress inputs: the test targets both get right on the clean statement, the
-                       accuracy of each under every context and the paired difference probe - zero-shot
+                       accuracy of each under every context and the paired difference probe - zero-shot, its
+                       bootstrap p raw and Holm-adjusted over the family of every row of the table
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.selective import cluster_bootstrap_indices
+from evaluation.selective import paired_bootstrap
 from experiments.plots import pyplot
+from experiments.tables import ALPHA, p_text, with_holm, yes_no
 from extract.errors import check_name
 
 log = logging.getLogger(__name__)
@@ -35,7 +39,7 @@ def load_stress(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
         summary = json.loads(path.read_text())
         for r in summary["results"]:
             row = {"method": summary["method"], "kind": summary["info"]["kind"], "interference": r["interference"],
-                   "level": r["level"], "fraction": r["fraction"], "gap": r["gap"]}
+                   "level": r["level"], "fraction": r["fraction"], "gap": r["gap"], "gap_p_raw": r.get("gap_p")}
             row["gap_lo"], row["gap_hi"] = r["gap_ci"] or (None, None)
             for side in ("high", "low"):
                 s = r[side]
@@ -43,7 +47,7 @@ def load_stress(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
                             f"{side}_drop": s["drop"]})
                 row[f"{side}_accuracy_lo"], row[f"{side}_accuracy_hi"] = s["accuracy_ci"] or (None, None)
             rows.append(row)
-    return pd.DataFrame(rows)
+    return with_holm(pd.DataFrame(rows), "gap", ["method"])
 
 
 def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float = 0.2) -> list[Path]:
@@ -73,8 +77,10 @@ def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 
     """One row per (probe method, zero-shot method of the same task, interference, level): on the test
     targets valid for both (both plain predictions right on the clean statement) that both scored under
     that context, n, n_entities, each method's accuracy, the difference probe - zero-shot, 95 % intervals
-    from one cluster bootstrap over subject entities (the same draws for both methods), and each method's
-    mean shift of P(y) (under the context - clean), which moves even where the plain prediction does not."""
+    from one cluster bootstrap over subject entities (the same draws for both methods), the difference's
+    two-sided bootstrap p raw and Holm-adjusted over every row of the table (`difference_p_raw`,
+    `difference_p_holm`, tables.with_holm), and each method's mean shift of P(y) (under the context -
+    clean), which moves even where the plain prediction does not."""
     folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
     methods = {}
     for path in sorted(folder.glob("*/stress.json")):
@@ -95,27 +101,31 @@ def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 
             both = p_frame.merge(z_frame, on=["target_row", "entity", "interference", "level"], suffixes=("_p", "_z"))
             for (interference, level), part in both.groupby(["interference", "level"], sort=False):
                 a, b = part["correct_p"].to_numpy(float), part["correct_z"].to_numpy(float)
-                draws = np.array([(a[i].mean(), b[i].mean()) for i in
-                                  cluster_bootstrap_indices(part["entity"].to_numpy(), n_boot, seed)])
-                lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
-                d_lo, d_hi = np.percentile(draws[:, 0] - draws[:, 1], [2.5, 97.5])
-                rows.append({"probe": probe, "zero_shot": zero, "task": p_info["task"], "interference": interference,
-                             "level": level, "n": len(part), "n_entities": part["entity"].nunique(),
-                             "probe_accuracy": a.mean(), "probe_lo": lo[0], "probe_hi": hi[0],
-                             "zero_shot_accuracy": b.mean(), "zero_shot_lo": lo[1], "zero_shot_hi": hi[1],
-                             "difference": a.mean() - b.mean(), "difference_lo": d_lo, "difference_hi": d_hi,
-                             "probe_p_y_shift": part["shift_p"].mean(), "zero_shot_p_y_shift": part["shift_z"].mean()})
-    return pd.DataFrame(rows)
+                row = {"probe": probe, "zero_shot": zero, "task": p_info["task"], "interference": interference,
+                       "level": level, "n": len(part), "n_entities": part["entity"].nunique()}
+                for name, column, stat in (("probe", "probe_accuracy", lambda i: a[i].mean()),
+                                           ("zero_shot", "zero_shot_accuracy", lambda i: b[i].mean()),
+                                           ("difference", "difference", lambda i: a[i].mean() - b[i].mean())):
+                    r = paired_bootstrap(stat, len(part), groups=part["entity"].to_numpy(), n_boot=n_boot,
+                                         seed=seed)                       # one seed: the same draws for all three
+                    row.update({column: r["diff"], f"{name}_lo": r["ci"][0], f"{name}_hi": r["ci"][1]})
+                rows.append({**row, "difference_p_raw": r["p_value"], "probe_p_y_shift": part["shift_p"].mean(),
+                             "zero_shot_p_y_shift": part["shift_z"].mean()})
+    return with_holm(pd.DataFrame(rows), "difference", [])
 
 
 def _versus_markdown(table: pd.DataFrame) -> str:
-    lines = ["| probe | zero-shot | interference | level | n (entities) | probe accuracy | zero-shot accuracy | "
-             "probe - zero-shot | P(y) shift: probe / zero-shot |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Paired cluster bootstrap over subject entities; p: two-sided bootstrap p of probe - zero-shot, raw / "
+             f"Holm-adjusted over every row of this table; significant = Holm p < {ALPHA}.", "",
+             "| probe | zero-shot | interference | level | n (entities) | probe accuracy | zero-shot accuracy | "
+             "probe - zero-shot | p / Holm | significant | P(y) shift: probe / zero-shot |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         lines.append(f"| {r['probe']} | {r['zero_shot']} | {r['interference']} | {r['level']} | {r['n']} "
                      f"({r['n_entities']}) | {r['probe_accuracy']:.3f} [{r['probe_lo']:.3f}, {r['probe_hi']:.3f}] | "
                      f"{r['zero_shot_accuracy']:.3f} [{r['zero_shot_lo']:.3f}, {r['zero_shot_hi']:.3f}] | "
                      f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}] | "
+                     f"{p_text(r, 'difference')} | {yes_no(r['difference_significant_holm'])} | "
                      f"{r['probe_p_y_shift']:+.3f} / {r['zero_shot_p_y_shift']:+.3f} |")
     return "\n".join(lines) + "\n"
 
@@ -130,13 +140,17 @@ def _markdown(table: pd.DataFrame) -> str:
     def num(x, fmt="{:.3f}"):
         return "n/a" if pd.isna(x) else fmt.format(x)
 
-    lines = ["| method | interference | level | top / bottom | high: n | high: accuracy | high: drop | low: n | "
-             "low: accuracy | low: drop | gap high - low |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Cluster-bootstrap 95 % intervals over subject entities, each on its own; gap p: two-sided bootstrap p "
+             f"raw / Holm-adjusted over all the method's gaps (every interference, level and fraction), \"-\" where "
+             f"stress.json records none; significant = Holm p < {ALPHA}.", "",
+             "| method | interference | level | top / bottom | high: n | high: accuracy | high: drop | low: n | "
+             "low: accuracy | low: drop | gap high - low | gap p / Holm | significant |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         gap = num(r["gap"], "{:+.3f}") + ("" if pd.isna(r["gap_lo"]) else f" [{r['gap_lo']:+.3f}, {r['gap_hi']:+.3f}]")
         lines.append(f"| {r['method']} | {r['interference']} | {r['level']} | {r['fraction']:.0%} | {r['high_n']} | "
                      f"{acc(r, 'high')} | {num(r['high_drop'])} | {r['low_n']} | {acc(r, 'low')} | "
-                     f"{num(r['low_drop'])} | {gap} |")
+                     f"{num(r['low_drop'])} | {gap} | {p_text(r, 'gap')} | {yes_no(r['gap_significant_holm'])} |")
     return "\n".join(lines) + "\n"
 
 

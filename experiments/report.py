@@ -17,9 +17,12 @@ Reads every cell under <results_dir>/<model>/<datapack>/ and writes to <reports_
     ../transfer.*, ../transfer_<task>.png   the model's transfer matrix, when apply_probe transfer cells
                                             exist (experiments/transfer.py)
 
-The best-layer table also says whether the best probe of each task (by calibration MCC) is
-significantly better than the runner-up on test: paired bootstrap of the MCC difference (whole
-subject entities resampled), McNemar on the statements both accept (experiments/compare.py).
+The best-layer table's `flag` says why a cell's numbers are not a fitted probe's (tables.cell_flag;
+empty when healthy). best_vs_runner_up.csv (also in best.md): the best probe of each task (by
+calibration MCC) against the runner-up on test, with abstention (MCC on each probe's accepted rows)
+and without (argmax on all rows): paired bootstrap of the difference (whole subject entities
+resampled) and McNemar's exact test on the same rows, raw and Holm-adjusted over the table's
+comparisons of one estimand (experiments/compare.py, tables.with_holm).
 With several seeds (same split_seed), `<metric>_seed_sd` is the probe's seed-to-seed spread,
 apart from the sampling interval `<metric>_boot_lo/_hi` (mean of the seeds' bootstrap bounds).
 """
@@ -33,8 +36,8 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from experiments import plots
-from experiments.compare import compare_cells
-from experiments.tables import best_layers, cell_of, layer_table, load_cells
+from experiments.compare import ESTIMANDS, compare_cells
+from experiments.tables import ALPHA, best_layers, cell_of, layer_table, load_cells, with_holm, yes_no
 from experiments.cross_model import write_cross_model
 from experiments.ncb_report import write_ncb
 from experiments.transfer import DATAPACKS, write_transfer
@@ -43,24 +46,31 @@ from extract.statements import TRUTHFULQA
 from extract.errors import run_entry
 
 log = logging.getLogger(__name__)
+VERSUS = {"mcc": "mcnemar", "mcc_all": "mcnemar_all"}   # estimand -> the McNemar test on the same rows
 
 
 def best_vs_runner_up(cells: pd.DataFrame, best: pd.DataFrame, n_boot: int = 500) -> pd.DataFrame:
     """Per (task, split): the best probe (calibration MCC at its best layer) against the runner-up on
-    test: MCC difference with its paired bootstrap interval, and McNemar's p on both-accepted rows."""
+    test, one row per estimand of VERSUS (`estimand` names it, experiments.compare.ESTIMANDS): the
+    difference best - runner-up with its paired bootstrap interval and p (`delta_*`), and McNemar's exact
+    test on the rows that estimand compares (`mcnemar_*`: rows both accept / all rows), each
+    Holm-adjusted over the table's comparisons of the same estimand (tables.with_holm)."""
     out = []
     for (task, split), g in best.groupby(["task", "split"]):
         if len(g) < 2:
             continue
         first, second = (r for _, r in g.sort_values("cal_mcc", ascending=False).head(2).iterrows())
         result = compare_cells(cell_of(cells, first), cell_of(cells, second), n_boot=n_boot)
-        out.append({"task": task, "split": split, "best": f"{first['probe']} (layer {int(first['layer'])})",
-                    "runner_up": f"{second['probe']} (layer {int(second['layer'])})",
-                    "delta_mcc": result["mcc"]["diff"], "delta_mcc_lo": result["mcc"]["ci"][0],
-                    "delta_mcc_hi": result["mcc"]["ci"][1], "p_bootstrap": result["mcc"]["p_value"],
-                    "p_mcnemar": result["mcnemar"]["p_value"], "bootstrap": result["bootstrap"],
-                    "significant": bool(result["mcc"]["ci"][0] > 0)})
-    return pd.DataFrame(out)
+        for key, mcnemar in VERSUS.items():
+            r, m = result[key], result[mcnemar]
+            out.append({"task": task, "split": split, "best": f"{first['probe']} (layer {int(first['layer'])})",
+                        "runner_up": f"{second['probe']} (layer {int(second['layer'])})", "estimand": ESTIMANDS[key],
+                        "delta": r["diff"], "delta_lo": r["ci"][0], "delta_hi": r["ci"][1], "delta_p_raw": r["p_value"],
+                        "bootstrap": result["bootstrap"], "mcnemar_rows": m["n_both"], "mcnemar_p_raw": m["p_value"]})
+    versus = pd.DataFrame(out)
+    for prefix in ("delta", "mcnemar"):
+        versus = with_holm(versus, prefix, ["estimand"])
+    return versus
 
 
 def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str) -> Path:
@@ -99,23 +109,30 @@ def _markdown(table: pd.DataFrame) -> str:
         lo, hi = r.get(f"{k}_lo"), r.get(f"{k}_hi")
         return f"{r[k]:.3f}" if lo is None or pd.isna(lo) else f"{r[k]:.3f} [{lo:.3f}, {hi:.3f}]"
 
-    lines = ["| probe | task | split | layer | MCC | W-MCC | acceptance | cal. MCC | seeds |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| probe | task | split | layer | MCC | W-MCC | acceptance | cal. MCC | seeds | flag |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         layer = "none" if pd.isna(r["layer"]) else int(r["layer"])
         cal = "" if pd.isna(r["cal_mcc"]) else f"{r['cal_mcc']:.3f}"
         lines.append(f"| {r['probe']} | {r['task']} | {r['split']} | {layer} | {fmt(r, 'mcc')} | {fmt(r, 'wmcc')} | "
-                     f"{r['acceptance']:.3f} | {cal} | {r['n_seeds']} |")
+                     f"{r['acceptance']:.3f} | {cal} | {r['n_seeds']} | {r['flag'] or ''} |")
+    lines += ["", f"MCC: {ESTIMANDS['mcc']}; W-MCC: {ESTIMANDS['wmcc']}; cal. MCC: MCC without abstention "
+              "(argmax, all rows) on the calibration split; flag: why a cell's numbers are not a fitted probe's."]
     return "\n".join(lines) + "\n"
 
 
 def _versus_markdown(versus: pd.DataFrame) -> str:
-    lines = ["| task | split | best | runner-up | MCC difference | p (bootstrap) | p (McNemar) | significant |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"Best probe (calibration MCC) - runner-up on test, one row per estimand. significant = the paired "
+             f"bootstrap test's decision: two-sided p < {ALPHA} after Holm over this table's comparisons of the same "
+             f"estimand. McNemar's exact test, on the rows the estimand compares, is a separate test with its own "
+             f"Holm-adjusted decision.", "",
+             "| task | split | best | runner-up | estimand | difference [95 % CI] | p | p (Holm) | significant | "
+             "McNemar: rows, p, p (Holm) | McNemar significant |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in versus.iterrows():
-        lines.append(f"| {r['task']} | {r['split']} | {r['best']} | {r['runner_up']} | {r['delta_mcc']:+.3f} "
-                     f"[{r['delta_mcc_lo']:+.3f}, {r['delta_mcc_hi']:+.3f}] | {r['p_bootstrap']:.3f} | "
-                     f"{r['p_mcnemar']:.3g} | {'yes' if r['significant'] else 'no'} |")
+        lines.append(f"| {r['task']} | {r['split']} | {r['best']} | {r['runner_up']} | {r['estimand']} | "
+                     f"{r['delta']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] | {r['delta_p_raw']:.3g} | "
+                     f"{r['delta_p_holm']:.3g} | {yes_no(r['delta_significant_holm'])} | {r['mcnemar_rows']}, "
+                     f"{r['mcnemar_p_raw']:.3g}, {r['mcnemar_p_holm']:.3g} | {yes_no(r['mcnemar_significant_holm'])} |")
     return "\n".join(lines) + "\n"
 
 

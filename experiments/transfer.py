@@ -5,11 +5,16 @@ For each training datapack and each probe and task, the layer with the best cali
 the same model (apply_probe; only missing transfer cells are computed; the diagonal is the ordinary
 cell's test split). Writes to <reports_dir>/<model>/:
 
-    transfer.csv, transfer.md   one row per (probe, task, train, eval): MCC and W-MCC with their
-                                bootstrap 95 % intervals, acceptance, statements; the markdown as one
+    transfer.csv, transfer.md   one row per (probe, task, train, eval): MCC on accepted rows and W-MCC
+                                with their bootstrap 95 % intervals, acceptance, statements, the
+                                threshold-free AUROC of the raw scores (all rows) with its bootstrap
+                                95 % interval, `single_label` (the conformal sets accept one label only
+                                on the evaluated datapack, so MCC on accepted rows is 0 whatever the
+                                scores: abstention, not absence of signal; read the AUROC), and the
+                                probe's `flag` (experiments.tables.cell_flag); the markdown as one
                                 train x eval matrix per probe and task
     transfer_<task>.png         MCC heat-maps (rows: training datapack, columns: evaluation datapack),
-                                one panel per probe
+                                one panel per probe; "1 label" marks single-label cells
 """
 from __future__ import annotations
 
@@ -22,15 +27,19 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from apply_probe import apply_to_store, transfer_path
+from evaluation.cell_metrics import raw_auroc
 from evaluation.cells import CellError, read_cell
+from evaluation.selective import paired_bootstrap
 from experiments.plots import pyplot
-from experiments.tables import best_layers, layer_table, load_cells
+from experiments.tables import best_layers, cell_flag, layer_table, load_cells
 from extract.errors import check_name, run_entry
 
 log = logging.getLogger(__name__)
 DATAPACKS = ("city_locations", "med_indications", "word_definitions")
 TASKS = ("true_vs_false", "multiclass")
 KEYS = ["probe", "task", "split", "layer"]
+COLUMNS = ["probe", "task", "split", "layer", "train", "eval", "mcc", "mcc_lo", "mcc_hi", "wmcc", "wmcc_lo", "wmcc_hi",
+           "acceptance", "n", "auroc", "auroc_lo", "auroc_hi", "single_label", "flag", "path"]
 
 
 def best_cells(results_dir, model: str, datapack: str, split: str) -> pd.DataFrame:
@@ -39,6 +48,21 @@ def best_cells(results_dir, model: str, datapack: str, split: str) -> pd.DataFra
     best = best_layers(layer_table(cells))
     first = cells.sort_values("seed").drop_duplicates(KEYS)[KEYS + ["path"]]
     return best[best["split"] == split][KEYS].merge(first, on=KEYS)
+
+
+def auroc_interval(cell: dict) -> list[float]:
+    """Bootstrap 95 % interval [lo, hi] of a cell's test AUROC from its raw scores (evaluation.cell_metrics.
+    raw_auroc), resampled as the cell's other intervals were (its n_boot and seed; whole groups when
+    they were cluster-bootstrapped)."""
+    test, m = cell["test"], cell["metrics"]
+    y, scores = np.asarray(test["y"]), np.asarray(test["scores"], dtype=np.float64)
+    groups = np.asarray(test["groups"]) if m.get("bootstrap") == "cluster" else None
+
+    def auroc(rows):
+        value = raw_auroc(y[rows], scores[rows])
+        return np.nan if value is None else value
+
+    return paired_bootstrap(auroc, y.size, groups=groups, n_boot=m["n_boot"], seed=m["seed"])["ci"]  # one statistic
 
 
 def transfer_table(results_dir, model: str, datapacks=DATAPACKS, tasks=TASKS, split: str = "entity_disjoint",
@@ -60,14 +84,18 @@ def transfer_table(results_dir, model: str, datapacks=DATAPACKS, tasks=TASKS, sp
                     apply_to_store(b["path"], evaluated, store_dir, results_dir)
                 if not path.exists():
                     continue
-                m = read_cell(path)["metrics"]
+                cell = read_cell(path)
+                m = cell["metrics"]
+                auroc = m.get("auroc")
                 rows.append({"probe": b["probe"], "task": b["task"], "split": split, "layer": int(b["layer"]),
                              "train": train, "eval": evaluated, "mcc": m["mcc"], "mcc_lo": m["mcc_ci"][0],
                              "mcc_hi": m["mcc_ci"][1], "wmcc": m["wmcc"], "wmcc_lo": m["wmcc_ci"][0],
                              "wmcc_hi": m["wmcc_ci"][1], "acceptance": m["acceptance"], "n": m["n"],
-                             "path": str(path)})
-    return pd.DataFrame(rows, columns=["probe", "task", "split", "layer", "train", "eval", "mcc", "mcc_lo", "mcc_hi",
-                                       "wmcc", "wmcc_lo", "wmcc_hi", "acceptance", "n", "path"])
+                             "auroc": np.nan if auroc is None else auroc,
+                             **dict(zip(("auroc_lo", "auroc_hi"), auroc_interval(cell))),
+                             "single_label": bool(m.get("single_label_accepted", False)),
+                             "flag": cell_flag(probe_cell), "path": str(path)})
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def write_transfer(results_dir, reports_dir, model: str, datapacks=DATAPACKS, tasks=TASKS,
@@ -92,16 +120,25 @@ def write_transfer(results_dir, reports_dir, model: str, datapacks=DATAPACKS, ta
 def _markdown(table: pd.DataFrame, datapacks: list[str]) -> str:
     lines = []
     for (task, probe), g in table.groupby(["task", "probe"]):
-        lines += [f"### {probe}, {task}", "", "MCC / W-MCC with bootstrap 95 % intervals; rows: trained on (its best "
-                  "calibration layer), columns: evaluated on", "",
-                  "| trained on | layer | " + " | ".join(datapacks) + " |", "|---|---|" + "---|" * len(datapacks)]
+        lines += [f"### {probe}, {task}", "", "MCC on accepted rows (conformal, abstentions excluded) / W-MCC / "
+                  "AUROC of the raw scores (threshold-free, all rows), each with its bootstrap 95 % interval; \"one "
+                  "label\": the conformal sets accept one label only, so MCC is 0 by construction (abstention, not "
+                  "absence of signal: read the AUROC); rows: trained on (its best calibration layer; flag: why the "
+                  "probe's numbers are not a fitted probe's), columns: evaluated on", "",
+                  "| trained on | layer | flag | " + " | ".join(datapacks) + " |", "|---|---|---|" + "---|" * len(datapacks)]
         for train, r in g.groupby("train", sort=False):
             by_eval = {e: x for e, x in zip(r["eval"], r.itertuples())}
-            cells = [f"{x.mcc:.3f} [{x.mcc_lo:.3f}, {x.mcc_hi:.3f}] / {x.wmcc:.3f} [{x.wmcc_lo:.3f}, {x.wmcc_hi:.3f}]"
-                     if (x := by_eval.get(e)) else "" for e in datapacks]
-            lines.append(f"| {train} | {r['layer'].iloc[0]} | " + " | ".join(cells) + " |")
+            cells = [_entry(x) if (x := by_eval.get(e)) else "" for e in datapacks]
+            lines.append(f"| {train} | {r['layer'].iloc[0]} | {r['flag'].iloc[0]} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _entry(x) -> str:
+    """One matrix entry: "MCC [ci] / W-MCC [ci] / AUROC [ci]", with "(one label)" for a single-label cell."""
+    text = f"{x.mcc:.3f} [{x.mcc_lo:.3f}, {x.mcc_hi:.3f}] / {x.wmcc:.3f} [{x.wmcc_lo:.3f}, {x.wmcc_hi:.3f}]"
+    auroc = "n/a" if pd.isna(x.auroc) else f"{x.auroc:.3f} [{x.auroc_lo:.3f}, {x.auroc_hi:.3f}]"
+    return f"{text} / {auroc}" + (" (one label)" if x.single_label else "")
 
 
 def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str) -> None:
@@ -115,10 +152,12 @@ def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str)
         grid = np.full((len(datapacks), len(datapacks)), np.nan)
         for r in table[table["probe"] == probe].itertuples():
             grid[index[r.train], index[r.eval]] = r.mcc
+        single = {(index[r.train], index[r.eval]) for r in table[table["probe"] == probe].itertuples() if r.single_label}
         image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r")
         for (i, j), value in np.ndenumerate(grid):
             if not np.isnan(value):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+                ax.text(j, i, f"{value:.2f}" + ("\n1 label" if (i, j) in single else ""), ha="center", va="center",
+                        fontsize=8)
         ax.set_xticks(range(len(datapacks)), datapacks, rotation=30, ha="right", fontsize=7)
         ax.set_yticks(range(len(datapacks)), datapacks if ax is axes[0][0] else [], fontsize=7)  # rows: trained on
         ax.set_title(probe, fontsize=9)

@@ -17,7 +17,7 @@ exist (overwrite=true recomputes them, and re-extracts the stress store):
     stress.json   {method, model, datapack, info, split, options, counts (test_neighbourhood_sizes: {number of
                   neighbours: test targets}), notes, provenance, results: [{interference, level,
                   fraction, high: {n, n_entities, p_y_mean, ncb_mean, clean_accuracy, accuracy,
-                  accuracy_ci, drop, drop_ci}, low: {...}, gap, gap_ci}, ...]}
+                  accuracy_ci, drop, drop_ci}, low: {...}, gap, gap_ci, gap_p}, ...]}
     inputs.csv    one row per stress input: target_row, entity (its object_1), interference, level, p_y (the
                   probability of the target's correct label under that context), correct (plain prediction)
 """
@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from evaluation.cells import atomic_write, write_json, write_record
-from evaluation.selective import cluster_bootstrap_indices
+from evaluation.selective import bootstrap_p, cluster_bootstrap_indices
 from extract.errors import check_name
 from ncb.interference import perturbations
 from ncb.methods import Method, NCBError, load_method, resolve
@@ -150,7 +150,8 @@ def stress_results(frame: pd.DataFrame, correct: np.ndarray, groups: dict, targe
 
 def _accuracies(high: np.ndarray, low: np.ndarray, high_entities, low_entities, n_boot: int, seed: int) -> dict:
     """Accuracy of each group (bool arrays), clean accuracy 1, drop = 1 - accuracy, gap = high - low,
-    with percentile 95 % intervals from one cluster bootstrap over the entities of both groups."""
+    with percentile 95 % intervals from one cluster bootstrap over the entities of both groups, and the
+    gap's two-sided bootstrap p-value (gap_p, unadjusted)."""
     values = np.concatenate([high, low]).astype(np.float64)
     is_high = np.arange(len(values)) < len(high)
     draws = []
@@ -172,7 +173,9 @@ def _accuracies(high: np.ndarray, low: np.ndarray, high_entities, low_entities, 
                      "drop": None if acc[k] is None else 1.0 - acc[k],
                      "drop_ci": None if ci is None else [1.0 - ci[1], 1.0 - ci[0]]}
     out["gap"] = None if None in acc else acc[0] - acc[1]
-    out["gap_ci"] = interval(draws[:, 0] - draws[:, 1])
+    gaps = draws[:, 0] - draws[:, 1]
+    out["gap_ci"] = interval(gaps)
+    out["gap_p"] = None if out["gap"] is None else bootstrap_p(gaps[~np.isnan(gaps)])   # raw: Holm in the report
     return out
 
 

@@ -23,7 +23,7 @@ from extract.on_the_fly import extract_statements, store_model
 from extract.run import extract
 from extract.statements import load_statements
 from extract.store import ActivationStore, StoreError
-from probes.artifacts import ModelMismatch, fit_probe, load_probe, store_summary
+from probes.artifacts import ModelMismatch, artifact_path, fit_probe, load_probe, store_summary
 from probes.features import TOKEN_KINDS, layer_features
 from probes.pipeline import train_probes
 
@@ -113,8 +113,8 @@ def test_another_system_prompt_is_refused(dirs, tmp_path):
         cell["store"] = store_summary(store)
     copy = tmp_path / "seed=0.json"
     write_cell(copy, cell)
-    copy.with_name("seed=0.probe.safetensors").write_bytes(
-        cells["true_vs_all"].with_name("seed=0.probe.safetensors").read_bytes())
+    heads = artifact_path(cells["true_vs_all"])
+    copy.with_name(heads.name).write_bytes(heads.read_bytes())
     with pytest.raises(ModelMismatch, match="another system_prompt"):
         apply_to_store(copy, "cities_b", root / "prompted", tmp_path / "results")
     assert not (tmp_path / "results").exists()
@@ -218,3 +218,37 @@ def test_transfer_matrix(dirs, tmp_path):
     assert (out / "transfer.md").read_text().startswith("### mean_diff, multiclass")
     for task in ("true_vs_false", "multiclass"):
         assert (out / f"transfer_{task}.png").stat().st_size > 0
+
+
+def test_transfer_matrix_shows_auroc_and_single_label_cells(dirs, tmp_path):
+    """Beside MCC: the raw scores' AUROC with its cluster-bootstrap interval (a direct percentile computation
+    over the cell's groups, n_boot and seed), `single_label` from the evaluated cell's conformal sets, and
+    the probe's flag; a single-label cell says so in the markdown instead of reading as "no signal"."""
+    from evaluation.cell_metrics import raw_auroc
+    from evaluation.selective import cluster_bootstrap_indices
+    from experiments.transfer import _markdown, write_transfer
+
+    root, _ = dirs
+    results = tmp_path / "results"
+    for datapack in ("cities_a", "cities_b"):
+        train_probes(compose_config("train_probe", "model.name=tiny", f"data.name={datapack}", "probe=mean_diff",
+                                    "task=true_vs_false", f"store_dir={root / 's'}", f"results_dir={results}",
+                                    "n_boot=50", "layer=[2]"))
+    out = write_transfer(results, tmp_path / "reports", "tiny", ["cities_a", "cities_b"], tasks=["true_vs_false"],
+                         store_dir=root / "s")
+    table = pd.read_csv(out / "transfer.csv", keep_default_na=False, na_values=[""])
+    assert len(table) == 4
+    for r in table.itertuples():
+        cell = read_cell(Path(r.path))
+        test, m = cell["test"], cell["metrics"]
+        y, scores = np.array(test["y"]), np.array(test["scores"])
+        draws = [raw_auroc(y[i], scores[i]) for i in
+                 cluster_bootstrap_indices(np.array(test["groups"]), m["n_boot"], np.random.default_rng(m["seed"]))]
+        assert r.auroc == pytest.approx(m["auroc"])
+        assert [r.auroc_lo, r.auroc_hi] == pytest.approx(np.percentile(draws, [2.5, 97.5]).tolist())
+        assert r.single_label == m["single_label_accepted"]
+        probe_cell = read_cell(Path(table[(table["train"] == r.train) & (table["eval"] == r.train)]["path"].iloc[0]))
+        assert (r.flag if isinstance(r.flag, str) else "") == ";".join(probe_cell.get("degenerate_reasons") or [])
+    one_label = table.assign(single_label=[True, False, False, False], mcc=[0.0, *table["mcc"][1:]])
+    md = _markdown(one_label, ["cities_a", "cities_b"])
+    assert md.count("(one label)") == 1 and "AUROC" in md and "absence of signal" in md

@@ -1,6 +1,7 @@
 """Cross-model claims report: two toy models with different depths, real train_probe cells on synthetic
-stores; relative depths and quarters, the neither shares against a direct count, verdicts against
-their intervals, figures, and the entry point's one-line error."""
+stores; relative depths and quarters, probes swept at fewer than all stored layers kept out of the depth
+claim, the neither shares against a direct count, Holm families and verdicts against their p-values,
+health flags, figures, and the entry point's one-line error."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cross_model import depth_quarter, verdict
+from experiments.cross_model import depth_quarter, depth_summary, verdict
+from evaluation.selective import holm
 from extract.config import compose_config
 from extract.statements import load_statements
 from extract.store import KIND_SPECIAL, KIND_STATEMENT, create_store
@@ -26,6 +28,7 @@ D = 16
 MODELS = {"toy-a": ([0, 2, 4, 6, 8], 8, 6, ("mean_diff", "samil")),
           "toy-b": ([0, 2, 4, 6], 6, 2, ("mean_diff",))}
 TASKS = "[true_vs_all,false_vs_all,neither_vs_all,multiclass]"
+SAMIL_LAYERS = [4, 6]   # samil is swept at 2 of toy-a's 5 stored layers, as the real study fitted it at one
 
 
 def make_depth_store(store_dir: Path, model: str, layers: list[int], n_layers: int, peak: int,
@@ -65,9 +68,10 @@ def report(tmp_path_factory):
     for model, (layers, n_layers, peak, probes) in MODELS.items():
         make_depth_store(root / "activations", model, layers, n_layers, peak)
         run = partial(compose_config, "train_probe", f"model.name={model}", f"store_dir={root / 'activations'}",
-                      f"results_dir={root / 'results'}", "n_boot=50", "layer=all", f"tasks={TASKS}")
+                      f"results_dir={root / 'results'}", "n_boot=50", f"tasks={TASKS}")
         for probe in probes:
-            train_probes(run(f"probe={probe}", *(["probe.C=10"] if probe == "samil" else [])))
+            train_probes(run(f"probe={probe}", *(["probe.C=10", f"layer={SAMIL_LAYERS}"] if probe == "samil"
+                                                 else ["layer=all"])))
     result = _cli(root, "models=[toy-a,toy-b]", "datapacks=[city_locations,med_indications]", "n_boot=50")
     assert result.returncode == 0, result.stderr[-2000:]
     claims = pd.read_csv(root / "reports" / "cross_model" / "claims.csv")
@@ -77,6 +81,10 @@ def report(tmp_path_factory):
 def _cells(root: Path, model: str, probe: str, task: str) -> dict[int, dict]:
     folder = root / "results" / model / "city_locations" / probe / task / "entity_disjoint"
     return {int(p.parent.name.split("=")[1]): json.loads(p.read_text()) for p in folder.glob("layer=*/seed=0.json")}
+
+
+def _flag(cell: dict) -> str:
+    return ";".join(cell.get("degenerate_reasons") or (["degenerate"] if cell.get("degenerate") else []))
 
 
 def _best_calibration_layer(cells: dict[int, dict], layers) -> int:
@@ -114,21 +122,65 @@ def test_depth_rows_quarters_and_summary(report):
         layers, n_layers, _, _ = MODELS[r["model"]]
         quarter = dict(zip(layers, depth_quarter(np.array(layers) / n_layers)))
         cells = _cells(root, r["model"], r["probe"], r["task"])
-        assert r["n_layers"] == n_layers and r["layer"] == _best_calibration_layer(cells, layers)
+        swept = sorted(cells)
+        assert r["n_layers"] == n_layers and r["layer"] == _best_calibration_layer(cells, swept)
+        assert r["layers_swept"] == len(swept) and r["n_stored_layers"] == len(layers)
+        assert r["full_sweep"] == (swept == layers)
         assert r["depth"] == pytest.approx(r["layer"] / n_layers)
         assert r["quarter"] == quarter[r["layer"]] and r["peak_in_q3"] == (r["quarter"] == 3)
+        assert (r["flag"] if isinstance(r["flag"], str) else "") == _flag(cells[r["layer"]])
         for q in range(1, 5):
-            in_q = [k for k in layers if quarter[k] == q]
+            in_q = [k for k in swept if quarter[k] == q]
+            if not in_q:
+                assert np.isnan(r[f"q{q}_layer"])
+                continue
             chosen = _best_calibration_layer(cells, in_q)
             assert r[f"q{q}_layer"] == chosen
             assert r[f"q{q}_mcc"] == pytest.approx(cells[chosen]["metrics"]["mcc"])
             assert [r[f"q{q}_mcc_lo"], r[f"q{q}_mcc_hi"]] == pytest.approx(cells[chosen]["metrics"]["mcc_ci"])
-        assert r["q3_vs_rest_mcc_lo"] <= r["q3_vs_rest_mcc"] + 1e-9 <= r["q3_vs_rest_mcc_hi"] + 2e-9
+        if r["full_sweep"]:
+            assert r["q3_vs_rest_mcc_lo"] <= r["q3_vs_rest_mcc"] + 1e-9 <= r["q3_vs_rest_mcc_hi"] + 2e-9
+            assert 0 <= r["q3_vs_rest_mcc_p_raw"] <= r["q3_vs_rest_mcc_p_holm"] <= 1
     summary = claims[claims["claim"] == "a_summary"].set_index("model")
     for model, g in depth.groupby("model"):
-        assert summary.loc[model, "n_combinations"] == len(g)
-        assert summary.loc[model, "n_peak_in_q3"] == g["peak_in_q3"].sum()
-        assert summary.loc[model, "n_q3_better"] == (g["q3_vs_rest_mcc_lo"] > 0).sum()
+        # the family: all the model's Q3-vs-rest comparisons (full sweeps only)
+        tested = g.dropna(subset=["q3_vs_rest_mcc_p_raw"])
+        np.testing.assert_allclose(tested["q3_vs_rest_mcc_p_holm"], holm(tested["q3_vs_rest_mcc_p_raw"].to_numpy()))
+        swept = g[g["full_sweep"]]
+        assert summary.loc[model, "n_combinations"] == len(swept) and summary.loc[model, "n_tested"] == len(tested)
+        assert summary.loc[model, "n_peak_in_q3"] == swept["peak_in_q3"].sum()
+        for kind in ("raw", "holm"):
+            significant = tested[f"q3_vs_rest_mcc_p_{kind}"] < 0.05
+            assert (tested[f"q3_vs_rest_mcc_significant_{kind}"].astype(bool) == significant).all()
+            assert summary.loc[model, f"n_q3_better_{kind}"] == (significant & (tested["q3_vs_rest_mcc"] > 0)).sum()
+            assert summary.loc[model, f"n_q3_worse_{kind}"] == (significant & (tested["q3_vs_rest_mcc"] < 0)).sum()
+
+
+def test_a_probe_not_swept_at_every_stored_layer_stays_out_of_the_depth_claim(report):
+    """samil (layers 4 and 6 of toy-a's 0-8; its best, 6, is in Q3) is listed but neither counted in Q3 nor
+    compared; the summary and claims.md name what was left out."""
+    root, claims, _ = report
+    samil = claims[(claims["claim"] == "a") & (claims["probe"] == "samil")]
+    assert len(samil) == 4 and not samil["full_sweep"].any() and (samil["layers_swept"] == 2).all()
+    assert (samil["n_stored_layers"] == 5).all() and samil["q3_vs_rest_mcc_p_raw"].isna().all()
+    summary = claims[claims["claim"] == "a_summary"].set_index("model")
+    assert summary.loc["toy-a", "n_combinations"] == 4 and summary.loc["toy-a", "n_excluded"] == 4
+    assert summary.loc["toy-b", "n_excluded"] == 0
+    mean_diff = claims[(claims["claim"] == "a") & (claims["model"] == "toy-a") & (claims["probe"] == "mean_diff")]
+    assert summary.loc["toy-a", "n_peak_in_q3"] == mean_diff["peak_in_q3"].sum()
+    assert "city_locations / samil / multiclass (2 of 5 layers)" in summary.loc["toy-a", "excluded"]
+    md = (root / "reports" / "cross_model" / "claims.md").read_text()
+    assert "left out: city_locations / samil" in md and "| not swept |" in md
+    # swept at every stored layer, samil counts like any probe
+    rows = pd.DataFrame({"model": "m", "datapack": "d", "probe": ["samil", "samil", "linear"], "task": ["t", "u", "t"],
+                         "layers_swept": [5, 1, 5], "n_stored_layers": 5, "full_sweep": [True, False, True],
+                         "peak_in_q3": True, "q3_vs_rest_mcc": [0.1, 0.2, -0.1],
+                         "q3_vs_rest_mcc_p_raw": [0.01, np.nan, 0.2], "q3_vs_rest_mcc_p_holm": [0.02, np.nan, 0.2],
+                         "q3_vs_rest_mcc_significant_raw": [True, None, False],
+                         "q3_vs_rest_mcc_significant_holm": [True, None, False]})
+    (s,) = depth_summary(rows)
+    assert (s["n_combinations"], s["n_peak_in_q3"], s["n_tested"], s["n_q3_better_holm"]) == (2, 2, 2, 1)
+    assert s["n_excluded"] == 1 and s["excluded"] == "d / samil / u (1 of 5 layers)"
 
 
 def test_neither_shares_equal_a_direct_count(report):
@@ -136,9 +188,8 @@ def test_neither_shares_equal_a_direct_count(report):
     neither = claims[claims["claim"] == "b"]
     assert len(neither) == sum(len(probes) for *_, probes in MODELS.values())
     for _, r in neither.iterrows():
-        layers = MODELS[r["model"]][0]
         cells = _cells(root, r["model"], r["probe"], "multiclass")
-        assert r["layer"] == _best_calibration_layer(cells, layers)
+        assert r["layer"] == _best_calibration_layer(cells, sorted(cells))
         test = cells[r["layer"]]["test"]
         pred = np.array(test["pred"])[np.array(test["y"]) == 2]
         wrong = np.isin(pred, [0, 1])
@@ -153,19 +204,32 @@ def test_neither_shares_equal_a_direct_count(report):
         assert r["neither_vs_all_mcc"] == pytest.approx(binary[r["neither_vs_all_layer"]]["metrics"]["mcc"])
 
 
-def test_samil_verdicts_follow_their_intervals(report):
-    _, claims, _ = report
+def test_samil_verdicts_follow_their_holm_adjusted_p_values(report):
+    root, claims, _ = report
     samil = claims[claims["claim"] == "c"]
     # only toy-a has samil cells; mean_diff is its one single-instance rival here
     assert set(samil["model"]) == {"toy-a"} and set(samil["versus"]) == {"mean_diff"} and len(samil) == 4
+    summary = claims[claims["claim"] == "c_summary"].set_index("model")
+    assert summary.loc["toy-a", "n_comparisons"] == 4
+    for metric in ("mcc", "wmcc", "mcc_all"):
+        prefix = f"delta_{metric}"
+        # the family: all the model's (datapack, task, rival) comparisons of this metric
+        np.testing.assert_allclose(samil[f"{prefix}_p_holm"], holm(samil[f"{prefix}_p_raw"].to_numpy()))
+        for kind in ("raw", "holm"):
+            significant = samil[f"{prefix}_p_{kind}"] < 0.05
+            for (_, r), sig in zip(samil.iterrows(), significant):
+                assert r[f"verdict_{metric}_{kind}"] == verdict(r[prefix], sig)
+                assert (r[f"verdict_{metric}_{kind}"] == "samil better") == (sig and r[prefix] > 0)
+            worse = (significant & (samil[prefix] < 0)).sum()
+            assert summary.loc["toy-a", f"n_samil_worse_{kind}_{metric}"] == worse
+        assert (samil[f"{prefix}_lo"] <= samil[prefix] + 1e-9).all()
     for _, r in samil.iterrows():
-        for metric in ("mcc", "wmcc"):
-            lo, hi = r[f"delta_{metric}_lo"], r[f"delta_{metric}_hi"]
-            assert r[f"verdict_{metric}"] == verdict((lo, hi))
-            assert (r[f"verdict_{metric}"] == "samil better") == (lo > 0)
-            assert (r[f"verdict_{metric}"] == "samil worse") == (hi < 0)
-    assert verdict((0.01, 0.2)) == "samil better" and verdict((-0.3, -0.01)) == "samil worse"
-    assert verdict((-0.1, 0.1)) == "no significant difference"
+        cells = _cells(root, "toy-a", "samil", r["task"])
+        assert (r["samil_flag"] if isinstance(r["samil_flag"], str) else "") == _flag(cells[r["samil_layer"]])
+    assert verdict(0.1, True) == "samil better" and verdict(-0.1, True) == "samil worse"
+    assert verdict(0.1, False) == "no significant difference" and verdict(0.1, pd.NA) == "undefined"
+    md = (root / "reports" / "cross_model" / "claims.md").read_text()
+    assert "Holm-adjusted over the family of all the model's (datapack, task, rival) comparisons" in md
 
 
 def test_no_cells_is_one_line_error(tmp_path):

@@ -225,3 +225,31 @@ def test_internal_vs_behaviour_pairs_the_targets_both_methods_get_right(tmp_path
         assert r["probe_accuracy"] == pytest.approx(a) and r["zero_shot_accuracy"] == pytest.approx(b)
         assert r["difference"] == pytest.approx(a - b) and r["difference_lo"] <= a - b <= r["difference_hi"]
         assert r["probe_p_y_shift"] == pytest.approx(0.5 - 0.9) == r["zero_shot_p_y_shift"]
+        assert 0 <= r["difference_p_raw"] <= r["difference_p_holm"] <= 1
+    # one family: every row of the table; significant = Holm p < 0.05
+    from evaluation.selective import holm
+    np.testing.assert_allclose(table["difference_p_holm"], holm(table["difference_p_raw"].to_numpy()))
+    assert (table["difference_significant_holm"] == (table["difference_p_holm"] < 0.05)).all()
+
+
+def test_ncb_gaps_are_holm_adjusted_per_method_where_stress_records_their_p(tmp_path):
+    """gap_p_raw from stress.json's `gap_p` (absent in older files: no test, "-"), Holm over all one
+    method's gaps (every interference, level and fraction)."""
+    from evaluation.selective import holm
+    from experiments.ncb_report import _markdown, load_stress
+
+    side = {"n": 10, "p_y_mean": 0.8, "accuracy": 0.7, "drop": 0.3, "accuracy_ci": [0.5, 0.9]}
+    gaps = {"a": [0.01, 0.04, 0.2], "b": [0.03, None, None]}
+    for method, ps in gaps.items():
+        results = [{"interference": "peer", "level": str(k), "fraction": 0.2, "gap": 0.1, "gap_ci": [-0.1, 0.3],
+                    "high": side, "low": side, **({} if p is None else {"gap_p": p})} for k, p in enumerate(ps)]
+        (tmp_path / "m" / "d" / "ncb" / method).mkdir(parents=True)
+        (tmp_path / "m" / "d" / "ncb" / method / "stress.json").write_text(json.dumps(
+            {"method": method, "info": {"kind": "probe"}, "results": results}))
+    table = load_stress(tmp_path, "m", "d")
+    a, b = table[table["method"] == "a"], table[table["method"] == "b"]
+    np.testing.assert_allclose(a["gap_p_holm"], holm(np.array(gaps["a"])))
+    assert b["gap_p_holm"].tolist()[0] == pytest.approx(0.03) and b["gap_p_holm"][1:].isna().all()
+    assert a["gap_significant_holm"].tolist() == [True, False, False]
+    md = _markdown(table)
+    assert "| 0.01 / 0.03 | yes |" in md and md.count("| - | - |") == 2

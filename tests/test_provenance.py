@@ -80,10 +80,15 @@ def test_stores_and_cells_name_their_checkpoint(outputs):
     assert outputs["cell"]["store"]["layers"] == [2]   # what a sweep's coverage is judged against
 
 
-def test_ncb_reports_its_neighbourhood_sizes(outputs):
+def test_ncb_reports_its_neighbourhood_sizes_and_gap_p_values(outputs):
     counts = outputs["ncb"]["counts"]
     sizes = counts["test_neighbourhood_sizes"]
     assert "0" not in sizes and sum(sizes.values()) == counts["test_targets"]
+    gaps = [r for r in outputs["ncb"]["results"] if r["gap"] is not None]
+    assert gaps and all(0.0 <= r["gap_p"] <= 1.0 for r in gaps)
+    for r in gaps:   # a gap whose interval excludes 0 has p <= 0.05 (the same bootstrap draws)
+        if r["gap_ci"][0] > 0 or r["gap_ci"][1] < 0:
+            assert r["gap_p"] <= 0.05 + 1e-12
 
 
 def test_gguf_file_names_give_checkpoint_and_quantisation():

@@ -374,3 +374,31 @@ def test_cell_intervals_resample_whole_groups():
     lo, hi = np.percentile(explicit, [2.5, 97.5])
     assert abs(cluster[0] - lo) < 0.03 and abs(cluster[1] - hi) < 0.03
     assert (cluster[1] - cluster[0]) > 2 * (iid[1] - iid[0])
+
+
+# ------------------------------------------------------- multiplicity (Holm)
+def test_holm_on_a_hand_example():
+    # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1, raised to the running max 0.06)
+    np.testing.assert_allclose(S.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(S.holm([0.6, 0.7]), [1.0, 1.0])        # capped at 1
+    out = S.holm([np.nan, 0.01, 0.04])                                 # NaN: no test, not counted in m
+    assert math.isnan(out[0]) and out[1:].tolist() == pytest.approx([0.02, 0.04])
+    assert S.holm([]).size == 0
+
+
+def test_holm_decisions_equal_the_step_down_procedure():
+    """Adjusted p <= alpha exactly where Holm's step-down test rejects: walk the sorted p-values and reject
+    H_(j) while p_(j) <= alpha / (m - j + 1) (1-based j), stop at the first that is not."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        m = int(rng.integers(1, 30))
+        p = rng.random(m) ** rng.uniform(1, 6)      # many small p-values
+        adjusted = S.holm(p)
+        for alpha in (0.01, 0.05, 0.1):
+            reject = np.zeros(m, bool)
+            for j, i in enumerate(np.argsort(p, kind="stable")):
+                if p[i] > alpha / (m - j):
+                    break
+                reject[i] = True
+            assert ((adjusted <= alpha) == reject).all()
+        assert (adjusted >= p).all() and (adjusted <= 1).all()
