@@ -1,8 +1,13 @@
 """Fitted probes you can keep: fitted and calibrated in one call, saved beside a result cell, loaded
 back without Hydra or the store.
 
-    results/.../layer=<k>/seed=<s>.json                the cell (config, score map, conformal state)
-    results/.../layer=<k>/seed=<s>.probe.safetensors   the fitted heads' tensors (head<i>.<name>)
+    results/.../layer=<k>/seed=<s>.json                         the cell (config, score map, conformal
+                                                                state; `heads`: file, sha256, bytes)
+    results/.../layer=<k>/seed=<s>.<sha16>.probe.safetensors    the fitted heads' tensors (head<i>.<name>)
+
+A cell and its heads are one pair (write_probe_cell): the heads file is named by its content hash and
+the cell, renamed into place last, names it; every loader checks the file's size and sha256 against
+the cell before reading it.
 
 `fit_probe(probe, X, y, train, cal)` fits a probe's heads on the training rows, maps their scores to
 probabilities (on out-of-fold training scores) and calibrates conformal sets on the calibration rows,
@@ -18,18 +23,25 @@ store or model whose inputs differ from it (weights, tokenizer, template, dtypes
 from __future__ import annotations
 
 import copy
+import fcntl
+import hashlib
+import os
+import re
+from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 
 import numpy as np
 import torch
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from evaluation.calibration import ScoreMap
 from evaluation.cells import CellError, atomic_write, read_cell, write_cell
 from evaluation.conformal import ConformalClassifier, ReferenceConformal
-from extract.errors import ToolkitError
+from extract.errors import ToolkitError, check_name
 from probes.base import Probe, ProbeError, check_choice
 from probes.features import Features
 from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
@@ -66,17 +78,95 @@ def check_same_model(recorded: dict, found: dict, where: str) -> None:
                                 "it to activations of the same model, extracted with the same settings")
 
 
-def artifact_path(cell: Path) -> Path:
-    """The heads' file beside a cell: seed=<s>.json -> seed=<s>.probe.safetensors."""
-    return Path(cell).with_name(Path(cell).stem + SUFFIX)
+def artifact_path(cell_file: Path) -> Path:
+    """The heads' file a cell names (its `heads.file`, beside it): seed=<s>.<sha16>.probe.safetensors."""
+    cell_file = Path(cell_file)
+    heads = read_cell(cell_file).get("heads")
+    if not isinstance(heads, dict) or not isinstance(heads.get("file"), str):
+        raise CellError(f"{cell_file} names no saved probe (written by an older version): rerun train_probe "
+                        "with overwrite=true")
+    return cell_file.with_name(check_name(heads["file"], "heads.file"))
 
 
-def save_heads(path: Path, heads: list[Probe]) -> None:
-    """Every tensor of every head's state_dict, as `head<i>.<name>`, atomically."""
+def heads_bytes(heads: list[Probe]) -> bytes:
+    """Every tensor of every head's state_dict, as `head<i>.<name>`, in safetensors format."""
     tensors = {f"head{i}.{k}": v.detach().cpu().contiguous() for i, head in enumerate(heads)
                for k, v in head.state_dict().items() if isinstance(v, torch.Tensor)}
-    data = save_tensors(tensors)
-    atomic_write(path, lambda f: f.write(data))
+    return save_tensors(tensors)
+
+
+def write_probe_cell(path: Path, cell: dict, heads: list[Probe]) -> None:
+    """A cell and its fitted heads as one pair. The heads go to a file named by their content hash
+    (seed=<s>.<sha16>.probe.safetensors), the cell, written last, names that file and its sha256 and
+    size: the cell's rename is the one commit point, so any interruption leaves the old pair or the new
+    one. Heads no cell names (the old pair's, a killed writer's) are removed; a per-cell lock file
+    (.seed=<s>.json.lock, kept) serialises concurrent writers of one cell."""
+    path = Path(path)
+    data = heads_bytes(heads)
+    digest = hashlib.sha256(data).hexdigest()
+    heads_file = path.with_name(f"{path.stem}.{digest[:16]}{SUFFIX}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _cell_lock(path):
+        atomic_write(heads_file, lambda f: f.write(data))
+        try:
+            write_cell(path, {**cell, "heads": {"file": heads_file.name, "sha256": digest, "bytes": len(data)}})
+        finally:
+            _remove_unnamed_heads(path)
+
+
+def _remove_unnamed_heads(cell_file: Path) -> None:
+    """Delete the heads files of `cell_file`'s stem that its cell does not name (all of them if the cell
+    does not exist or is unreadable: they belong to no pair)."""
+    try:
+        keep = read_cell(cell_file).get("heads", {}).get("file")
+    except CellError:
+        keep = None
+    for f in cell_file.parent.glob(f"{glob_escape(cell_file.stem)}*{SUFFIX}"):
+        rest = f.name[len(cell_file.stem):-len(SUFFIX)]
+        if f.name != keep and (rest == "" or re.fullmatch(r"\.[0-9a-f]{16}", rest)):
+            f.unlink(missing_ok=True)
+
+
+@contextmanager
+def _cell_lock(cell_file: Path):
+    try:
+        fd = os.open(cell_file.with_name(f".{cell_file.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise CellError(f"cannot write in {cell_file.parent} ({err.strerror or err}): free space or choose another "
+                        "output folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_heads(cell_file: Path, cell: dict) -> dict[str, torch.Tensor]:
+    """The tensors of the heads file the cell names, after checking its size and sha256 against the
+    cell's record (before parsing it); any mismatch or damage is one CellError naming both files."""
+    heads = cell.get("heads")
+    if not isinstance(heads, dict) or not {"file", "sha256", "bytes"} <= set(heads):
+        raise CellError(f"{cell_file} names no saved probe (written by an older version): rerun train_probe "
+                        "with overwrite=true")
+    weights = Path(cell_file).with_name(check_name(str(heads["file"]), "heads.file"))
+    try:
+        size = weights.stat().st_size
+        if size != heads["bytes"]:
+            raise CellError(f"{weights} has {size} bytes, but {cell_file} records {heads['bytes']}: it is not the "
+                            "probe this cell was fitted with; rerun train_probe with overwrite=true")
+        data = weights.read_bytes()
+    except FileNotFoundError:
+        raise CellError(f"{cell_file} has no saved probe ({weights.name}): rerun train_probe with overwrite=true") \
+            from None
+    except OSError as err:
+        raise CellError(f"cannot read {weights} ({err.strerror or err})") from None
+    if hashlib.sha256(data).hexdigest() != heads["sha256"]:
+        raise CellError(f"{weights} does not match the sha256 that {cell_file} records: it is not the probe this "
+                        "cell was fitted with; rerun train_probe with overwrite=true")
+    try:
+        return load_tensors(data)
+    except Exception as err:   # safetensors raises its own error types
+        raise CellError(f"{weights} is not a readable probe ({err}): rerun train_probe with overwrite=true") from None
 
 
 def build_probe(spec: dict, accelerator: str = "auto") -> Probe:
@@ -161,11 +251,11 @@ class FittedProbe:
                 "calibration": self.calibration, "conformal": self.conformal.to_dict()}
 
     def save(self, path) -> Path:
-        """Write the probe as a cell without evaluation (`metrics` and `test` empty) at `path` (.json),
-        its heads beside it; `load_probe(path)` reads it back."""
-        path = Path(path)
-        save_heads(artifact_path(path), self.heads)
-        write_cell(path, {**self.to_cell(), "metrics": {}, "test": {}})
+        """Write the probe as a cell without evaluation (`metrics` and `test` empty) at `path` (.json;
+        a path ending in .probe.safetensors means the cell of that heads file), its heads beside it
+        (write_probe_cell); `load_probe(path)` reads it back. Returns the cell's path."""
+        path = cell_of_heads(Path(path))
+        write_probe_cell(path, {**self.to_cell(), "metrics": {}, "test": {}}, self.heads)
         return path
 
 
@@ -191,7 +281,8 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     if isinstance(probe, str):
         from extract.config import compose_config  # Hydra composition, only for a probe given by name
 
-        spec = {**dict(compose_config("train_probe", f"probe={probe}").probe), **options}
+        spec = {**OmegaConf.to_container(compose_config("train_probe", f"probe={probe}").probe, resolve=True),
+                **options}
     else:
         spec = {**probe, **options}
     check_choice("calibration", calibration, CALIBRATIONS)
@@ -211,14 +302,23 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     return FittedProbe(spec, heads, summary, predictor, layer, None if store is None else store_summary(store))
 
 
+def cell_of_heads(path: Path) -> Path:
+    """The cell of a heads file (seed=<s>[.<sha16>].probe.safetensors -> seed=<s>.json); other paths as given."""
+    if not path.name.endswith(SUFFIX):
+        return path
+    stem = path.name[: -len(SUFFIX)]
+    return path.with_name(re.sub(r"\.[0-9a-f]{16}$", "", stem) + ".json")
+
+
 def load_probe(path) -> FittedProbe:
     """The fitted probe of a result cell; `path` is the cell's .json or its .probe.safetensors."""
-    path = Path(path)
-    cell_file = path.with_name(path.name[: -len(SUFFIX)] + ".json") if path.name.endswith(SUFFIX) else path
-    cell, weights = read_cell(cell_file), artifact_path(cell_file)
-    if not weights.is_file():
-        raise CellError(f"{cell_file} has no saved probe ({weights.name}): rerun train_probe with overwrite=true")
-    tensors = load_tensors(weights.read_bytes())
+    cell_file = cell_of_heads(Path(path))
+    cell = read_cell(cell_file)
+    try:
+        tensors = read_heads(cell_file, cell)
+    except CellError:   # a writer may have replaced the pair between the two reads: read the new one
+        cell = read_cell(cell_file)
+        tensors = read_heads(cell_file, cell)
     spec = cell["config"]["probe"]
     try:
         template = build_probe(spec, accelerator="cpu")

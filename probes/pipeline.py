@@ -14,7 +14,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import cell_path, write_cell
+from evaluation.cells import cell_path
 from evaluation.conformal import ConformalError
 from evaluation.cell_metrics import cell_metrics, raw_auroc
 from evaluation.metrics import mcc, plain_prediction, resampling_groups
@@ -24,7 +24,7 @@ from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE
 from extract.store import ActivationStore, select_layers, store_path
-from probes.artifacts import artifact_path, build_probe, save_heads, store_summary
+from probes.artifacts import build_probe, store_summary, write_probe_cell
 from probes.base import Probe, check_choice
 from probes.features import Features, layer_features
 from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
@@ -71,8 +71,7 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                 cell["metrics"].update(probe_mc_if_truthfulqa(cfg.data.name, t, table, rows[parts["test"]],
                                                               cell["test"]["probs"], cfg.seed, cfg.n_boot))
                 cell.update(layer=k, split=split.summary(), store=store_summary(store))
-                save_heads(artifact_path(paths[t, k]), heads)   # before the cell: a cell always has its probe
-                write_cell(paths[t, k], cell)
+                write_probe_cell(paths[t, k], cell, heads)
     return [paths[t, k] for k in layers for t in tasks]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.artifacts import artifact_path
 from probes.pipeline import train_probes
 from tests.test_train_probe import make_synthetic_store, run_cfg
 
@@ -28,9 +29,11 @@ def dirs(tmp_path_factory):
 
 
 def comparable(path: Path) -> dict:
-    """A cell without its timing (the only field that may differ between two runs)."""
+    """A cell without its timing and provenance (which differ between two runs: the command, the hash of
+    a config with another results_dir)."""
     cell = json.loads(path.read_text())
     cell.pop("fit_seconds")
+    cell.pop("provenance")
     cell["config"].pop("results_dir")
     return cell
 
@@ -46,8 +49,7 @@ def test_derived_cells_equal_separate_runs(dirs, probe):
         for a in alone:
             s = dirs / "shared" / a.relative_to(dirs / "alone")
             assert comparable(s) == comparable(a), (task, a)
-            assert s.with_name(s.stem + ".probe.safetensors").read_bytes() == \
-                a.with_name(a.stem + ".probe.safetensors").read_bytes()   # the same fitted heads
+            assert artifact_path(s).read_bytes() == artifact_path(a).read_bytes()   # the same fitted heads
 
 
 def test_killed_sweep_resumes_cell_by_cell(dirs, tmp_path):
@@ -68,7 +70,7 @@ def test_killed_sweep_resumes_cell_by_cell(dirs, tmp_path):
     assert 3 <= len(first) < 2 * len(TASKS), len(first)
     for p in first:
         json.loads(p.read_text())                      # every cell on disk is whole
-        assert p.with_name(p.stem + ".probe.safetensors").is_file()
+        assert artifact_path(p).is_file()
     subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert not list(results.rglob(".tmp*"))      # a temporary the kill left mid-write is removed by the rerun
     after = list(results.rglob("*.json"))
