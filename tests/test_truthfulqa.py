@@ -68,6 +68,18 @@ def test_mc_scores_match_a_direct_computation():
     np.testing.assert_allclose(mc2, direct, rtol=1e-12)
 
 
+def test_likelihood_mc1_keeps_the_harness_first_index_argmax():
+    mc1_ll = [[-5.0, -5.0, -9.0], [-7.0, -5.0, -5.0], [-1.0, -2.0], [-3.0, -3.0, -3.0, -3.0]]
+    labels = [[1, 0, 0], [1, 0, 0], [1, 0], [1, 0, 0, 0]]
+    first, _ = mc_scores(mc1_ll, mc1_ll, labels)             # truthfulqa.run's call: the default rule
+    np.testing.assert_array_equal(first, [float(np.argmax(ll) == 0) for ll in mc1_ll])
+    np.testing.assert_array_equal(first, mc_scores(mc1_ll, mc1_ll, labels, ties="first")[0])
+    expected, _ = mc_scores(mc1_ll, mc1_ll, labels, ties="expected")   # the probe's rule differs on ties only
+    np.testing.assert_array_equal(expected, [0.5, 0.0, 1.0, 0.25])
+    with pytest.raises(Exception, match="ties='last' is not one of first, expected"):
+        mc_scores(mc1_ll, mc1_ll, labels, ties="last")
+
+
 def test_bootstrap_is_seeded_and_brackets_the_mean():
     values = np.random.default_rng(0).random(50)
     a, b = question_ci(values, 200, 3), question_ci(values, 200, 3)
@@ -208,7 +220,7 @@ def test_cli_unknown_format_exits_1_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("limit", ["0", "abc"])
 def test_limit_must_be_a_positive_number(tmp_path, limit):
-    with pytest.raises(TruthfulQAError, match="limit="):
+    with pytest.raises(ToolkitError, match="limit="):
         run(tqa_config("model=tiny", f"limit={limit}", f"results_dir={tmp_path}"))
 
 

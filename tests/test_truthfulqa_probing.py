@@ -24,7 +24,7 @@ from truthfulqa.data import load_questions
 from evaluation.multiple_choice import mc_scores, probe_mc
 
 probe_config = partial(compose_config, "train_probe")
-LIMIT = 150   # first statements of the vendored CSV: 15 whole questions and 6 of the 10 answers of the 16th
+LIMIT = 150   # limit=150: a label-stratified subset of whole questions, at most 150 statements
 
 
 # ------------------------------------------------------------------------ the table
@@ -64,8 +64,8 @@ def test_answer_tokens_are_the_statement_and_the_question_is_context(tqa_dirs):
     tok = load_model(compose_config("extract", "model=tiny").model).tokenizer
     with ActivationStore(tqa_dirs / "activations" / "tiny" / "truthfulqa.h5") as store:
         table, off, kind, ids = store.table, store.offsets, store.token_kind, store.token_ids
-        assert len(table) == LIMIT and store.attrs["datapack"] == "truthfulqa"
-        for i in range(LIMIT):
+        assert 0 < len(table) <= LIMIT and store.attrs["datapack"] == "truthfulqa"
+        for i in range(len(table)):
             own, k = ids[off[i]:off[i + 1]], kind[off[i]:off[i + 1]]
             assert tok.decode(own[k == KIND_STATEMENT]).strip() == table["statement"].iat[i]
             assert tok.decode(own[k == KIND_CONTEXT]) == table["context"].iat[i]
@@ -112,23 +112,43 @@ def _table(questions: list[tuple[int, list[int]]]) -> pd.DataFrame:
 
 
 def test_probe_mc_equals_a_direct_computation():
-    table = _table([(5, [1, 1, 0, 0]), (9, [1, 0, 0]), (2, [1, 1]), (7, [1, 0, 0]), (4, [1, 1, 0])])
+    table = _table([(5, [1, 1, 0, 0]), (9, [1, 0, 0]), (2, [1, 1]), (7, [1, 0, 0]), (4, [1, 1, 0]), (8, [1, 0, 0])])
     p = {0: .9, 1: .2, 2: .5, 3: .95,   # q5: the best loses to an incorrect answer
-         4: .4, 5: .4, 6: .1,           # q9: a tie with an incorrect answer goes to the best
+         4: .4, 5: .4, 6: .1,           # q9: the best ties with one incorrect answer at the top: 1 / 2
          7: .3, 8: .6,                  # q2: no incorrect answer among its statements (limit): skipped
          9: .8, 10: .1,                 # q7: its last statement is not scored: skipped
-         12: 0.0, 13: 0.0, 14: 0.0}     # q4: all zero: no preference, MC2 = 2 / 3
+         12: 0.0, 13: 0.0, 14: 0.0,     # q4: all zero: MC1 choices 12 and 14 tie (1 / 2), MC2 = 2 / 3
+         15: .7, 16: .7 - 1e-12, 17: .1}   # q8: a strict win by a hair scores 1, no tie
     rows = np.array(list(p))[::-1]      # any order
     result = probe_mc(table, rows, np.array([p[r] for r in rows]), seed=0, n_boot=200)
-    assert result["probe_mc_questions"] == [4, 5, 9] and result["probe_mc_skipped"] == 2
-    mc1 = [1.0, 0.0, 1.0]                               # q4 (tie of zeros), q5, q9
-    mc2 = [2 / 3, (.9 + .2) / (.9 + .2 + .5 + .95), .4 / (.4 + .4 + .1)]
+    assert result["probe_mc_questions"] == [4, 5, 8, 9] and result["probe_mc_skipped"] == 2
+    mc1 = [1 / 2, 0.0, 1.0, 1 / 2]                      # q4, q5, q8, q9
+    mc2 = [2 / 3, (.9 + .2) / (.9 + .2 + .5 + .95), .7 / (.7 + .7 - 1e-12 + .1), .4 / (.4 + .4 + .1)]
     assert result["probe_mc1"] == pytest.approx(np.mean(mc1))
     assert result["probe_mc2"] == pytest.approx(np.mean(mc2))
+    assert result["probe_mc1_ties"] == 2                # q4 and q9
     for k in ("probe_mc1", "probe_mc2"):
         lo, hi = result[f"{k}_ci"]
         assert lo <= result[k] <= hi
     assert result == probe_mc(table, rows, np.array([p[r] for r in rows]), seed=0, n_boot=200)
+
+
+def test_a_constant_probe_scores_chance_not_one():
+    labels = [[1, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0, 0]]
+    table = _table(list(enumerate(labels)))
+    result = probe_mc(table, np.arange(len(table)), np.full(len(table), 0.37), n_boot=50)
+    k = [1 + labels_.count(0) for labels_ in labels]   # MC1 choices: the best answer and the incorrect ones
+    assert result["probe_mc1"] == pytest.approx(np.mean([1 / n for n in k]))   # (1/2 + 1/4 + 1/4 + 1/7) / 4
+    assert result["probe_mc1_ties"] == len(labels)
+    assert result["probe_mc2"] == pytest.approx(np.mean([y.count(1) / len(y) for y in labels]))
+
+
+def test_a_tie_below_the_top_or_between_others_is_no_tie_of_the_best():
+    table = _table([(0, [1, 0, 0, 0]), (1, [1, 0, 0, 0])])
+    q = np.array([.9, .3, .3, .1,       # best strictly first; two incorrect answers tie below it: 1
+                  .2, .6, .6, .1])      # two incorrect answers tie above the best: 0
+    result = probe_mc(table, np.arange(8), q, n_boot=50)
+    assert result["probe_mc1"] == 0.5 and result["probe_mc1_ties"] == 0
 
 
 def test_probe_mc_refuses_what_it_cannot_score():
@@ -183,10 +203,11 @@ def test_knows_vs_says_report(tqa_cells, tqa_dirs, tmp_path):
     likelihood = {"format": "lm_eval", "n_questions": 30, "mc1": mc1.mean(), "mc2": mc2.mean(),
                   "mc1_ci": [0.1, 0.9], "mc2_ci": [0.2, 0.8], "questions": questions}
     (tqa_dirs / "results" / "tiny" / "truthfulqa" / "likelihood-lm_eval.json").write_text(json.dumps(likelihood))
-    csv, md, png = write_truthfulqa(tqa_dirs / "results", tmp_path, "tiny")
-    table = pd.read_csv(csv)
+    csv, md, csv_all, md_all, png = write_truthfulqa(tqa_dirs / "results", tmp_path, "tiny")
+    table, chosen = pd.read_csv(csv_all), pd.read_csv(csv)
     assert len(table) == len(paths) and png.stat().st_size > 0
-    assert md.read_text().startswith("| probe | task |") and "Likelihood (lm_eval, all 30 questions)" in md.read_text()
+    assert md_all.read_text().startswith("All layers, not a selection") and "| probe | task |" in md_all.read_text()
+    assert "Likelihood (lm_eval, all 30 questions)" in md.read_text()
     by_row = {q["row"]: q for q in questions}
     for path in paths:
         cell = read_cell(path)
@@ -194,6 +215,31 @@ def test_knows_vs_says_report(tqa_cells, tqa_dirs, tmp_path):
         r = table[(table["probe"] == cell["config"]["probe"]["name"]) & (table["layer"] == cell["layer"])].iloc[0]
         assert (r["probe_mc1"], r["probe_mc2"], r["mcc"]) == pytest.approx((m["probe_mc1"], m["probe_mc2"], m["mcc"]))
         assert (r["probe_mc1_lo"], r["probe_mc2_hi"]) == pytest.approx((m["probe_mc1_ci"][0], m["probe_mc2_ci"][1]))
+        assert r["probe_mc1_ties"] == m["probe_mc1_ties"]
         same = [by_row[q] for q in m["probe_mc_questions"]]
         s1, s2 = mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))
         assert (r["likelihood_mc1_same"], r["likelihood_mc2_same"]) == pytest.approx((s1.mean(), s2.mean()))
+
+
+def test_the_report_shows_one_layer_per_probe_chosen_on_calibration(tqa_cells, tqa_dirs, tmp_path):
+    paths, _ = tqa_cells
+    cal = {}                            # probe -> {layer: calibration MCC}
+    for path in paths:
+        cell = read_cell(path)
+        cal.setdefault(cell["config"]["probe"]["name"], {})[cell["layer"]] = cell["calibration_metrics"]["mcc_all"]
+    chosen = pd.read_csv(write_truthfulqa(tqa_dirs / "results", tmp_path, "tiny")[0])
+    assert sorted(chosen["probe"]) == sorted(cal)                 # one row per probe (one seed)
+    for probe, by_layer in cal.items():
+        assert chosen.set_index("probe").loc[probe, "layer"] == max(by_layer, key=by_layer.get)
+
+
+def test_the_report_refuses_cells_of_the_old_tie_rule(tqa_cells, tmp_path):
+    paths, _ = tqa_cells
+    cell = read_cell(paths[0])
+    del cell["metrics"]["probe_mc1_ties"]
+    stale = tmp_path / "results" / paths[0].relative_to(paths[0].parents[6])
+    stale.parent.mkdir(parents=True)
+    write_cell(stale, cell)
+    with pytest.raises(Exception, match="old tie rule") as err:
+        write_truthfulqa(tmp_path / "results", tmp_path / "out", "tiny")
+    assert "\n" not in str(err.value)
