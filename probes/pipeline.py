@@ -6,6 +6,7 @@ each layer is read once and its heads are fitted once for all of them (probes.fi
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ def train_probes(cfg: DictConfig) -> list[Path]:
         table = store.table
         labels = table["label"].to_numpy()
         targets = {t: task_targets(labels, t) for t in tasks}   # every task checked before any fit
-        split = make_split(table, **cfg.split)
+        split = split_of(store, cfg.split)
         groups = entity_groups(table)
         desc = f"{cfg.probe.name} {tasks[0] if len(tasks) == 1 else f'{len(tasks)} tasks'}"
         for k in tqdm(todo, desc=desc, unit="layer"):
@@ -73,6 +74,20 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                 cell.update(layer=k, split=split.summary(), store=store_summary(store))
                 write_probe_cell(paths[t, k], cell, heads)
     return [paths[t, k] for k in layers for t in tasks]
+
+
+_SPLITS: dict[tuple, object] = {}
+
+
+def split_of(store: ActivationStore, options: DictConfig):
+    """make_split of the store's table, computed once per process for each (store file, its mtime,
+    split options): a sweep worker runs many one-layer jobs of the same store."""
+    key = (str(Path(store.path).resolve()), Path(store.path).stat().st_mtime_ns,
+           json.dumps(OmegaConf.to_container(options, resolve=True), sort_keys=True))
+    if key not in _SPLITS:
+        _SPLITS.clear()
+        _SPLITS[key] = make_split(store.table, **options)
+    return _SPLITS[key]
 
 
 def task_names(cfg: DictConfig) -> list[str]:

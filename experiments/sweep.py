@@ -1,0 +1,136 @@
+"""`python -m experiments.sweep [train_probe options] probes=[samil,linear,mlp,mean_diff] workers=2`: every
+stored layer of one store x the given probes, one `train_probe` job per (probe, layer), run by `workers`
+worker processes that take jobs from one shared queue, longest first.
+
+The rule is the longest-processing-time one: jobs are queued in decreasing estimated cost (the probe's
+measured seconds per layer, `COST`; all layers of a probe cost about the same) and each worker takes the
+next job when it is free, so the long jobs start first and the short ones fill the gaps at the end. No
+layer lists are written by hand: the layers are the store's (or `layer=[...]`), so another model needs no
+edit. `<probe>.<key>=<value>` applies to that probe's jobs only: `samil.layer=[18]` (its layers),
+`samil.C=100` (= `probe.C=100` for samil alone). Every other option is a `python -m train_probe` option
+(`model=`, `data=`, `tasks=[...]`, `store_dir=`, ...). All jobs' options are checked before any job starts. A job's cells are written as train_probe writes
+them (existing ones skipped), so a killed sweep resumes by rerunning the command. Each worker runs at
+`threads` torch threads (default 1: `workers` x `threads` should not exceed the cores).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+
+from hydra.errors import HydraException
+
+from extract.config import CONF_DIR, compose_config
+from extract.errors import ToolkitError, check_count
+from extract.store import ActivationStore, select_layers, store_path
+from probes.pipeline import make_probe, method_name, train_probes
+from probes.schema import validate
+
+log = logging.getLogger("sweep")
+# seconds per layer and probe, five tasks in one job, SmolLM2 city_locations at one thread (README
+# "Benchmarks"): only their order matters for the schedule
+COST = {"samil": 60.0, "mlp": 40.0, "linear": 28.0, "mean_diff": 2.0}
+OWN = ("probes", "workers", "threads")
+
+
+def plan(overrides: list[str], probes: list[str]) -> list[tuple[str, int, list[str]]]:
+    """(probe, layer, the job's train_probe overrides) of every job, longest first: every layer of the
+    store (or of `layer=` / `<probe>.layer=`) for each probe; `<probe>.<key>=v` becomes `probe.<key>=v`
+    in that probe's jobs."""
+    known = sorted(f.stem for f in (CONF_DIR / "probe").glob("*.yaml"))
+    if not probes or any(p not in known for p in probes):
+        raise ToolkitError(f"probes={probes}: give one or more of {known}, e.g. probes=[linear,mlp]")
+    own = {p: [o for o in overrides if o.split(".", 1)[0] == p] for p in known}
+    common = [o for o in overrides if o.split(".", 1)[0] not in known]
+    cfg = _compose(common)
+    store = ActivationStore(store_path(cfg.store_dir, cfg.model.name, cfg.data.name))
+    jobs = []
+    for probe in probes:
+        layer_spec = next((o.split("=", 1)[1] for o in own[probe] if o.startswith(f"{probe}.layer=")),
+                          cfg.layer if any(o.split("=", 1)[0] == "layer" for o in common) else "all")
+        extra = [f"probe.{o.split('.', 1)[1]}" for o in own[probe] if not o.startswith(f"{probe}.layer=")]
+        job_cfg = _compose([*common, f"probe={probe}", *extra, f"layer={layer_spec}"])
+        layers = select_layers(job_cfg.layer, store.n_layers, store.layers, option=f"{probe}.layer")
+        job = validate(_compose([*common, f"probe={probe}", *extra, f"layer={layers[0]}"]))
+        make_probe(job)   # every job's options checked now, not when the job starts
+        method_name(job)
+        jobs += [(probe, k, [*common, f"probe={probe}", *extra, f"layer={k}"]) for k in layers]
+    return sorted(jobs, key=lambda j: -COST.get(j[0], max(COST.values())))
+
+
+def run_job(probe: str, layer: int, overrides: list[str]) -> tuple[str, int, float, str | None]:
+    """One train_probe job in a worker: (probe, layer, seconds, error line or None)."""
+    started = time.perf_counter()
+    try:
+        train_probes(compose_config("train_probe", *overrides))
+        error = None
+    except ToolkitError as err:
+        error = " ".join(str(err).split("\n"))
+    return probe, layer, time.perf_counter() - started, error
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.getLogger().setLevel(logging.WARNING)   # the main process reports each job
+
+
+def sweep(argv: list[str]) -> int:
+    """Run the jobs; returns the exit status (1 when a job failed: its line is printed)."""
+    own = {k: v for k, _, v in (a.partition("=") for a in argv) if k in OWN}
+    overrides = [a for a in argv if a.partition("=")[0] not in OWN]
+    probes = [p.strip() for p in own.get("probes", "[linear,mean_diff,mlp,samil]").strip("[]").split(",") if p.strip()]
+    workers, threads = (check_count(_int(own.get(k, d), k), k) for k, d in (("workers", "2"), ("threads", "1")))
+    jobs = plan(overrides, probes)
+    log.info("%d jobs (%s) on %d worker(s), longest first", len(jobs),
+             ", ".join(f"{p} x {sum(j[0] == p for j in jobs)}" for p in dict.fromkeys(j[0] for j in jobs)), workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    started, failed = time.perf_counter(), []
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(run_job, *job) for job in jobs]
+        for done, future in enumerate(as_completed(futures), 1):
+            probe, layer, seconds, error = future.result()
+            elapsed = time.perf_counter() - started
+            log.info("[%d/%d] %s layer %d: %s in %.1f s (%.1f min elapsed)", done, len(jobs), probe, layer,
+                     "FAILED" if error else "done", seconds, elapsed / 60)
+            if error:
+                failed.append(f"{probe} layer {layer}: {error}")
+    for line in failed:
+        log.error("failed job %s", line)
+    if failed:
+        log.error("%d job(s) failed (listed above); rerun the same command to retry them, finished cells are kept",
+                  len(failed))
+    return 1 if failed else 0
+
+
+def _compose(overrides: list[str]):
+    try:
+        return compose_config("train_probe", *overrides)
+    except HydraException as err:
+        raise ToolkitError(f"{' '.join(str(err).split())}: correct the train_probe option") from None
+
+
+def _int(value: str, option: str):
+    try:
+        return int(value)
+    except ValueError:
+        raise ToolkitError(f"{option}={value!r} is not a whole number >= 1: give e.g. {option}=2") from None
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    try:
+        status = sweep(sys.argv[1:])
+    except ToolkitError as err:
+        log.error("%s", " ".join(str(err).split("\n")))
+        status = 1
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""`python -m experiments.sweep`: one train_probe job per (probe, layer) over a shared queue, longest first;
+its cells equal those of plain train_probe runs; bad options are one line before any job."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.sweep import COST, plan
+from extract.errors import ToolkitError
+from probes.pipeline import train_probes
+from tests.test_shared_heads import comparable
+from tests.test_train_probe import make_synthetic_store, run_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sweep")
+    make_synthetic_store(root / "activations", n_real=300, n_neither=150)
+    return root
+
+
+def _args(dirs: Path, results: Path) -> list[str]:
+    return ["model.name=synthetic", f"store_dir={dirs / 'activations'}", f"results_dir={results}", "n_boot=20",
+            "tasks=[true_vs_all,multiclass]"]
+
+
+def test_jobs_cover_every_stored_layer_longest_first(dirs):
+    jobs = plan(_args(dirs, dirs / "r"), ["mean_diff", "linear", "samil"])
+    assert sorted(j[:2] for j in jobs) == sorted((p, k) for p in ("mean_diff", "linear", "samil") for k in (0, 1))
+    costs = [COST[p] for p, _, _ in jobs]
+    assert costs == sorted(costs, reverse=True) and jobs[0][0] == "samil"
+    assert [j[:2] for j in plan([*_args(dirs, dirs / "r"), "layer=[1]"], ["linear"])] == [("linear", 1)]
+    only = plan([*_args(dirs, dirs / "r"), "samil.layer=[1]", "samil.C=100"], ["linear", "samil"])
+    assert [j[:2] for j in only] == [("samil", 1), ("linear", 0), ("linear", 1)]
+    assert "probe.C=100" in only[0][2] and not any("probe.C" in o for o in only[1][2])
+
+
+def test_sweep_cells_equal_plain_train_probe_runs(dirs, tmp_path):
+    results = tmp_path / "swept"
+    done = subprocess.run([sys.executable, "-m", "experiments.sweep", *_args(dirs, results),
+                           "probes=[mean_diff,linear]", "workers=2"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count(" done in ") == 4
+    swept = sorted(results.rglob("seed=*.json"))
+    assert len(swept) == 2 * 2 * 2   # probes x layers x tasks
+    for probe in ("mean_diff", "linear"):
+        train_probes(run_cfg(dirs, f"probe={probe}", "tasks=[true_vs_all,multiclass]", "layer=[0,1]", "n_boot=20",
+                             f"results_dir={tmp_path / 'plain'}"))
+    for path in swept:
+        plain = tmp_path / "plain" / path.relative_to(results)
+        a, b = comparable(path), comparable(plain)
+        for cell in (a, b):
+            cell["config"].pop("layer")   # a job names its one layer, a plain run the list
+        assert a == b, path
+
+
+@pytest.mark.parametrize("args, needle", [(["probes=[linear,bogus]"], "probes="), (["workers=0"], "workers="),
+                                          (["workers=two"], "workers="), (["data=bogus"], "data"),
+                                          (["probes=[linear]", "linear.bogus=1"], "bogus")])
+def test_bad_options_are_one_line_before_any_job(dirs, tmp_path, args, needle):
+    done = subprocess.run([sys.executable, "-m", "experiments.sweep", *_args(dirs, tmp_path / "r"), *args], cwd=ROOT,
+                          capture_output=True, text=True)
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert done.returncode == 1 and len(errors) == 1 and needle in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
+    with pytest.raises(ToolkitError):
+        plan(_args(dirs, tmp_path / "r"), [])
