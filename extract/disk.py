@@ -11,6 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from typing import Callable
+
 from extract.errors import ToolkitError
 
 LOCK_WAIT_S = 2.0  # a reader's short shared lock must not make a starting writer fail
@@ -158,5 +160,22 @@ def fsync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def waiting_lock(lock: Path, cannot: Callable[[OSError], Exception]):
+    """Hold an exclusive flock on the file `lock` (created if missing, kept afterwards: removing it
+    would race with the next locker), waiting for its holder; a lock file that cannot be opened raises
+    `cannot(err)`. The kernel releases it when the holder dies, SIGKILL included."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise cannot(err) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)

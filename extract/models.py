@@ -19,7 +19,6 @@ first conversion holds a file lock, so concurrent jobs convert once and the othe
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib
 import importlib.util
@@ -28,13 +27,13 @@ import logging
 import os
 import re
 import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from extract.disk import waiting_lock
 from extract.errors import ToolkitError
 
 log = logging.getLogger(__name__)
@@ -200,20 +199,10 @@ def _packaged_gguf(cfg) -> Path:
         return Path(package.assemble(target))
 
 
-@contextmanager
 def _cache_lock(target: Path):
     """Exclusive lock (waiting for the holder) on `<target>.lock`, beside a cache entry being made."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise ModelError(f"cannot write the model cache {target.parent} ({err.strerror}): set "
-                         "TRUTHPROBE_CACHE= to a writable folder") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return waiting_lock(target.with_name(target.name + ".lock"), lambda err: ModelError(
+        f"cannot write the model cache {target.parent} ({err.strerror}): set TRUTHPROBE_CACHE= to a writable folder"))
 
 
 def _converted_gguf(gguf: Path, fingerprint: str) -> Path:
