@@ -25,10 +25,12 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cells import atomic_write
+from extract.errors import ToolkitError
 from extract.statements import FALSE, NEITHER, TRUE
 
 ARTICLES = ("The ", "A ", "An ")
 CONTROL = "control"
+FIELDS = ("false", "true", "neighbour")
 COLUMNS = ["target_row", "interference", "level", "context", "statement", "object_1", "object_2", "negation",
            "label"]
 
@@ -57,7 +59,34 @@ def entity_claims(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fields(template: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def check_templates(stress: dict) -> None:
+    """Every template of `stress` ({interference: {level: template}}) is `control` or text whose only
+    fields are FIELDS; anything else (an unknown or positional field, a broken brace, an empty template,
+    an interference without levels) is one ToolkitError line naming the template and the allowed fields
+    (otherwise a template no claim can fill would silently give no input)."""
+    allowed = f"use only {', '.join('{' + f + '}' for f in FIELDS)} in a template, or the template {CONTROL}"
+    for interference, levels in stress.items():
+        if not isinstance(levels, dict) or not levels:
+            raise ToolkitError(f"stress.interferences.{interference} has no templates: give it {{level: template}}, "
+                               f"e.g. stress.interferences.{interference}.1='...'")
+        for level, template in levels.items():
+            option = f"stress.interferences.{interference}.{level}"
+            if not isinstance(template, str) or not template.strip():
+                raise ToolkitError(f"{option}={template!r} is empty: {allowed}")
+            if template == CONTROL:
+                continue
+            try:
+                unknown = sorted(_fields(template) - set(FIELDS))
+                if not unknown:
+                    template.format(**{f: "x" for f in FIELDS})
+            except (ValueError, KeyError, IndexError, AttributeError) as err:
+                raise ToolkitError(f"{option}={template!r} is not a template ({err}): {allowed}") from None
+            if unknown:
+                raise ToolkitError(f"{option}={template!r} has the unknown field(s) "
+                                   f"{', '.join('{' + f + '}' for f in unknown)}: {allowed}")
 
 
 def _control(neutral: str, n_words: int) -> str:
@@ -70,7 +99,9 @@ def perturbations(table: pd.DataFrame, targets: np.ndarray, stress: dict, neutra
     target's claims allow, columns COLUMNS (level as text, context ending in a newline, the target's
     statement, entities, negation and label copied from the table), in target then template order.
 
-    stress: {interference: {level: template}} with fields {false}, {true}, {neighbour}, or `control`."""
+    stress: {interference: {level: template}} with fields {false}, {true}, {neighbour}, or `control`
+    (check_templates: anything else is refused)."""
+    check_templates(stress)
     claims = entity_claims(table)
     records = []
     for row in np.asarray(targets, dtype=np.int64):

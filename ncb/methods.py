@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -166,14 +167,14 @@ def zero_shot_method(cfg: DictConfig, out_dir: Path) -> Method:
     table = load_table(cfg)
     require_entities(table, cfg.data.name)
     enum = get_enumeration(cfg.zero_shot.enumeration)
+    task = str(cfg.zero_shot.task)
+    rows, y = task_targets(table["label"].to_numpy(), task)     # a task the labels refuse: before the scoring
+    split = make_split(table, **cfg.split)
     zcfg = zero_shot_config(cfg, "all")
     if not scores_path(zcfg).exists():
         zcfg = zero_shot_config(cfg, "heldout")
     score_file = compute_scores(zcfg)
     scores = load_scores([score_file], table)
-    split = make_split(table, **cfg.split)
-    task = str(cfg.zero_shot.task)
-    rows, y = task_targets(table["label"].to_numpy(), task)
     probs = zero_shot_probs(scores[rows], task)
 
     def score_stress(frame: pd.DataFrame) -> tuple[np.ndarray, dict]:
@@ -203,6 +204,25 @@ def prompt_ids(renderer: PromptRenderer, statement: str, context: str) -> np.nda
     return np.asarray(ids, dtype=np.int64)
 
 
+def read_checkpoint(path: Path, signature: str, empty: np.ndarray) -> tuple[np.ndarray, int]:
+    """(scores, n_done) of the stress-score checkpoint `path` if it was made for `signature`, else
+    (`empty`, 0): a checkpoint of other prompts starts again, and one that cannot be read (a garbage or
+    truncated file, other arrays, a wrong shape) is discarded with one warning and its work redone."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["signature"]) != signature:
+                return empty, 0
+            scores, done = z["scores"], int(z["n_done"])
+        if scores.shape != empty.shape or scores.dtype != empty.dtype or not 0 <= done <= len(scores):
+            raise ValueError(f"scores {scores.dtype} {scores.shape}, n_done {done}")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        reason = " ".join(str(err).split())[:200]
+        log.warning("%s is not a readable checkpoint (%s: %s): discarding it, its prompts are scored again", path,
+                    type(err).__name__, reason)
+        return empty, 0
+    return scores, done
+
+
 def score_prompts(cfg: DictConfig, enum, frame: pd.DataFrame, path: Path) -> np.ndarray:
     """float32 [P, 7] zero-shot scores of the stress inputs, resumed from / saved to `path` (npz: scores,
     n_done, signature = the model fingerprint and every prompt's ids)."""
@@ -215,9 +235,7 @@ def score_prompts(cfg: DictConfig, enum, frame: pd.DataFrame, path: Path) -> np.
     signature = digest.hexdigest()[:16]
     scores, done = np.full((len(prompts), 7), np.nan, dtype=np.float32), 0
     if path.exists() and not cfg.overwrite:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["signature"]) == signature:
-                scores, done = z["scores"], int(z["n_done"])
+        scores, done = read_checkpoint(path, signature, scores)
     if done == len(prompts):
         return scores
     tok = loaded.tokenizer

@@ -9,6 +9,7 @@
    each group, its drop from the clean accuracy (1 for valid targets, so drop = 1 - accuracy), the
    gap high - low, with cluster-bootstrap 95 % intervals resampling subject entities.
 
+Options are checked first (ncb.schema: types, booleans, ranges, templates, a writable results_dir).
 Outputs, `<results_dir>/<model>/<datapack>/ncb/<method>/`, written atomically and skipped when all three
 exist (overwrite=true recomputes them, and re-extracts the stress store):
 
@@ -35,18 +36,17 @@ from evaluation.cells import atomic_write, write_json, write_record
 from evaluation.selective import bootstrap_p, cluster_bootstrap_indices
 from extract.errors import check_name
 from ncb.interference import perturbations
-from ncb.methods import Method, NCBError, load_method, resolve
+from ncb.methods import Method, load_method, resolve
 from ncb.neighbourhoods import PARTS, ncb_scores, neighbourhoods, part_of_rows, select_groups
+from ncb.schema import validate
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> list[Path]:
     """Compute (or keep) targets.json, stress.json and inputs.csv of `method=`; returns their paths."""
-    fractions = [float(f) for f in cfg.fractions]
-    if not fractions or not all(0 < f < 0.5 for f in fractions) or int(cfg.n_bins) < 1:
-        raise NCBError(f"fractions={list(cfg.fractions)} and n_bins={cfg.n_bins}: give fractions in (0, 0.5), "
-                       "e.g. [0.05,0.2,0.35], and n_bins >= 1")
+    cfg = validate(cfg)                       # every option typed and in range before any work
+    fractions = list(cfg.fractions)
     name, cell = resolve(cfg)
     out = Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / check_name(cfg.data.name, "data.name") \
         / "ncb" / name

@@ -150,6 +150,18 @@ def test_tiny_run_writes_targets_and_stress(tiny_run):
     stamp = (out / "stress.json").stat().st_mtime_ns
     again = run_module("ncb", *args, cwd=root)                  # finished outputs are kept
     assert again.returncode == 0 and (out / "stress.json").stat().st_mtime_ns == stamp
+    # issue 24: overwrite=no is false (it was the string "no", truthy: outputs and stress store redone),
+    # overwrite=maybe is refused in one line; both keep the outputs and the stress store
+    store = Path(stress["notes"]["store"])
+    inode = store.stat().st_ino
+    assert_one_error_line(run_module("ncb", *args, "overwrite=maybe", cwd=root), "overwrite")
+    kept = run_module("ncb", *args, "overwrite=no", cwd=root)
+    assert kept.returncode == 0 and (out / "stress.json").stat().st_mtime_ns == stamp, kept.stderr[-2000:]
+    before = (out / "inputs.csv").read_bytes()
+    (out / "targets.json").unlink()                             # outputs redone, the stress store kept
+    redone = run_module("ncb", *args, "overwrite=no", cwd=root)
+    assert redone.returncode == 0 and store.stat().st_ino == inode, redone.stderr[-2000:]
+    assert (out / "inputs.csv").read_bytes() == before and (out / "targets.json").exists()
 
     from experiments.ncb_report import write_ncb
     paths = write_ncb(root / "results", root / "report", "tiny", "city_locations")

@@ -15,7 +15,8 @@ Each distinct (sequence, continuation length) of the run is scored once (an inco
 in both MC1 and MC2). Requests run longest first in batches of `batch_size`; with
 `prefix_cache=true` the tokens every request starts with (the primer) run once. Every `save_every`
 batches the log-likelihoods done so far go atomically to ``<name>.partial.npz``; a rerun with the
-same model, format and questions continues from it (other settings: it starts again).
+same model, format and questions continues from it (other settings: it starts again; a file that
+cannot be read is discarded with one warning). Every option is checked first (truthfulqa.schema).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import hashlib
 import json
 import logging
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +36,8 @@ from evaluation.multiple_choice import mc_scores, question_ci
 from extract.errors import check_name
 from extract.models import load_model
 from truthfulqa.data import Question, TruthfulQAError, count_duplicate_choices, load_questions
-from truthfulqa.likelihood import LoglikScorer, check_format, common_prefix_length, question_requests
+from truthfulqa.likelihood import LoglikScorer, common_prefix_length, question_requests
+from truthfulqa.schema import validate
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,25 @@ def _signature(loaded, fmt: str, seqs, n_cont, prefix_len: int) -> dict:
             "requests_sha256": h.hexdigest()[:16], "n_requests": len(seqs), "prefix_len": prefix_len}
 
 
+def read_partial(path: Path, n_requests: int) -> tuple[dict, np.ndarray, int, int] | None:
+    """(signature, logliks, n_done, batch_size) of the checkpoint `path`, or None when it cannot be read
+    (a garbage or truncated file, other arrays, a wrong shape): it is then discarded with one warning
+    and its requests scored again (a corrupt checkpoint is never a traceback)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            signature, logliks = json.loads(str(z["signature"])), z["logliks"]
+            done, batch_size = int(z["n_done"]), int(z["batch_size"])
+        if logliks.shape != (n_requests,) or logliks.dtype != np.float64 or not 0 <= done <= n_requests \
+                or batch_size < 1:
+            raise ValueError(f"logliks {logliks.dtype} {logliks.shape}, n_done {done}, batch_size {batch_size}")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        reason = " ".join(str(err).split())[:200]
+        log.warning("%s is not a readable checkpoint (%s: %s): discarding it, its requests are scored again",
+                    path, type(err).__name__, reason)
+        return None
+    return signature, logliks, done, batch_size
+
+
 def compute_logliks(cfg: DictConfig, loaded, seqs, n_cont, partial: Path, on_batch=None) -> tuple[np.ndarray, int]:
     """float64 [len(seqs)] log-likelihoods (resuming from `partial`), and the requests resumed after.
 
@@ -107,14 +129,14 @@ def compute_logliks(cfg: DictConfig, loaded, seqs, n_cont, partial: Path, on_bat
     signature = _signature(loaded, cfg.format, seqs, n_cont, 0 if prefix is None else len(prefix))
     logliks = np.full(len(seqs), np.nan)
     done, batch_size = 0, int(cfg.batch_size)
-    if partial.exists():
-        with np.load(partial, allow_pickle=False) as z:
-            if json.loads(str(z["signature"])) == signature:
-                logliks, done, batch_size = z["logliks"], int(z["n_done"]), int(z["batch_size"])
-                log.info("resuming %s after %d of %d requests (batch size %d)", partial.name, done, len(seqs),
-                         batch_size)
-            else:
-                log.warning("%s was made with other settings: starting again", partial)
+    checkpoint = read_partial(partial, len(seqs)) if partial.exists() else None
+    if checkpoint is not None:
+        if checkpoint[0] == signature:
+            logliks, done, batch_size = checkpoint[1:]
+            log.info("resuming %s after %d of %d requests (batch size %d)", partial.name, done, len(seqs),
+                     batch_size)
+        else:
+            log.warning("%s was made with other settings: starting again", partial)
     log.info("%d distinct requests, %d-%d tokens, prefix cache %d tokens", len(seqs), min(map(len, seqs)),
              max(map(len, seqs)), signature["prefix_len"])
     tok = loaded.tokenizer
@@ -139,7 +161,8 @@ def compute_logliks(cfg: DictConfig, loaded, seqs, n_cont, partial: Path, on_bat
 
 def run(cfg: DictConfig, on_batch=None) -> Path:
     """Score the questions (or resume), write the result JSON atomically, print MC1 / MC2."""
-    fmt = check_format(cfg.format)
+    cfg = validate(cfg)                       # every option typed and in range before any work
+    fmt = cfg.format
     questions = select_questions(cfg)
     final = result_path(cfg)
     loaded = load_model(cfg.model)

@@ -23,7 +23,8 @@ whole prompts; the two agree to float32 rounding). Every ``save_every`` batches 
 far are written atomically to ``scores-<enumeration><suffix>.partial.npz``; a rerun continues
 from it with the same batches, so the final file is bit-identical to an uninterrupted run. A
 partial or final file made with another model, prompt, option ids, statements or rows is
-refused unless ``overwrite=true``; a matching final file is reused.
+refused unless ``overwrite=true``; a matching final file is reused. A partial file that cannot be
+read (garbage, truncated, other arrays) is discarded with one warning and its statements scored again.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import hashlib
 import json
 import logging
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -179,9 +181,22 @@ def partial_path(final: Path) -> Path:
     return final.with_name(final.stem + ".partial.npz")
 
 
-def _load_partial(path: Path):
-    with np.load(path, allow_pickle=False) as z:
-        return z["scores"], int(z["n_done"]), json.loads(str(z["signature"])), int(z["batch_size"])
+def _load_partial(path: Path, n_statements: int, n_rows: int):
+    """(scores, n_done, signature, batch_size) of the checkpoint `path`, or None when it cannot be read
+    (a garbage or truncated file, other arrays, a wrong shape): it is then discarded with one warning
+    and its work redone (a corrupt checkpoint is never a traceback)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            scores, n_done = z["scores"], int(z["n_done"])
+            signature, batch_size = json.loads(str(z["signature"])), int(z["batch_size"])
+        if scores.shape != (n_statements, N_COLUMNS) or not 0 <= n_done <= n_rows or batch_size < 1:
+            raise ValueError(f"scores {scores.shape}, n_done {n_done}, batch_size {batch_size}")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        reason = " ".join(str(err).split())[:200]
+        log.warning("%s is not a readable checkpoint (%s: %s): discarding it, its statements are scored again",
+                    path, type(err).__name__, reason)
+        return None
+    return scores, n_done, signature, batch_size
 
 
 def _save_partial(path: Path, scores: np.ndarray, n_done: int, signature: dict, batch_size: int) -> None:
@@ -226,8 +241,9 @@ def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
                             "set overwrite=true to replace it")
     done, batch_size = 0, int(cfg.batch_size)
     scores = np.full((len(statements), N_COLUMNS), np.nan, dtype=np.float32)
-    if partial.exists() and not cfg.overwrite:
-        old_scores, n_done, old_sig, old_bs = _load_partial(partial)
+    checkpoint = _load_partial(partial, len(statements), len(rows)) if partial.exists() and not cfg.overwrite else None
+    if checkpoint is not None:
+        old_scores, n_done, old_sig, old_bs = checkpoint
         if old_sig != signature:
             raise ZeroShotError(f"{partial} was made with other settings (model, prompt, statements, rows): "
                                 "set overwrite=true to start again")

@@ -1,0 +1,101 @@
+"""Typed schema of `python -m ncb`'s options, checked before any work (see extract/schema.py).
+
+Types (booleans included: `overwrite=no` is refused, never read as true) by the one typed parser,
+extract.schema.typed_options; then the ranges it cannot express, the zero-shot enumeration, the
+stress templates (ncb.interference.check_templates) and a writable results_dir. Level keys of the
+stress templates are text (`stress.interferences.peer.1='...'` replaces one level's template;
+`+stress.interferences.peer.7='...'` adds one), so two levels can never be pooled under one name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from evaluation.tasks import TASKS
+from extract.errors import ToolkitError, check_count, check_name
+from extract.schema import ModelSchema, typed_options
+from ncb.interference import check_templates
+from probes.schema import _check_writable
+from zero_shot.prompts import get_enumeration
+
+Task = Enum("Task", {k: k for k in TASKS})
+_HINTS = {"fractions": "a list of numbers in (0, 0.5), e.g. fractions=[0.05,0.2,0.35]",
+          "balance_by_py": "true or false", "overwrite": "true or false", "n_bins": "a whole number >= 1",
+          "clip": "a number in (0, 1), e.g. 1e-10", "n_boot": "a whole number >= 1", "seed": "a whole number",
+          "split_seed": "a whole number", "zero_shot.task": f"one of {', '.join(TASKS)}",
+          "zero_shot.batch_size": "a whole number >= 1", "zero_shot.save_every": "a whole number >= 1",
+          "zero_shot.prefix_cache": "true or false", "extract.batch_tokens": "a whole number >= 1",
+          "extract.window_mb": "a whole number >= 1", "model.instruct": "true or false",
+          "stress.interferences": "{interference: {level: template}} with text levels, "
+                                  "e.g. stress.interferences.peer.1='...'"}
+_MISSING_HINTS = {"method": "method=zero_shot or a probe's result cell, \"method='results/.../seed=<s>.json'\""}
+
+
+@dataclass
+class ZeroShotOptions:
+    enumeration: str = "default"
+    task: Task = Task.multiclass
+    batch_size: int = 16
+    save_every: int = 8
+    prefix_cache: bool = True
+
+
+@dataclass
+class ExtractOptions:
+    batch_tokens: int = 4096
+    window_tokens: Any = "auto"
+    window_mb: int = 512
+
+
+@dataclass
+class StressOptions:
+    neutral: str = MISSING
+    interferences: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class NCBSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    method: str = MISSING
+    fractions: list[float] = field(default_factory=lambda: [0.05, 0.2, 0.35])
+    balance_by_py: bool = False
+    n_bins: int = 5
+    clip: float = 1e-10
+    n_boot: int = 1000
+    seed: int = 0
+    split_seed: int = 0
+    store_dir: str = "activations"
+    results_dir: str = "results"
+    overwrite: bool = False
+    zero_shot: ZeroShotOptions = field(default_factory=ZeroShotOptions)
+    extract: ExtractOptions = field(default_factory=ExtractOptions)
+    stress: StressOptions = field(default_factory=StressOptions)
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """The config with every option's type and range checked (a plain DictConfig, enums as strings)."""
+    checked = typed_options(cfg, NCBSchema, _HINTS, _MISSING_HINTS)
+    fractions = checked["fractions"]
+    if not fractions or not all(0 < f < 0.5 for f in fractions):
+        raise ToolkitError(f"fractions={fractions}: give {_HINTS['fractions']}")
+    for key in ("n_bins", "n_boot"):
+        check_count(checked[key], key)
+    if not 0 < checked["clip"] < 1:
+        raise ToolkitError(f"clip={checked['clip']:g}: give {_HINTS['clip']} (the floor of every p before the "
+                           "logarithms)")
+    for key in ("batch_size", "save_every"):
+        check_count(checked["zero_shot"][key], f"zero_shot.{key}")
+    for key in ("batch_tokens", "window_mb"):
+        check_count(checked["extract"][key], f"extract.{key}")
+    if checked["extract"]["window_tokens"] != "auto":
+        check_count(checked["extract"]["window_tokens"], "extract.window_tokens")
+    get_enumeration(checked["zero_shot"]["enumeration"])
+    check_templates(checked["stress"]["interferences"])
+    check_name(checked["model"]["name"], "model.name")
+    check_name(cfg.data.name, "data.name")
+    _check_writable(Path(checked["results_dir"]))
+    return OmegaConf.create(checked)
