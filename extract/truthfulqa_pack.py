@@ -51,10 +51,20 @@ def split_answers(cell: str) -> list[str]:
 
 
 def load_questions(path: str | Path | None = None) -> list[Question]:
-    """Every question of the CSV (default: the vendored TruthfulQA.csv), in file order."""
+    """Every question of the CSV (default: the vendored TruthfulQA.csv), in file order; a CSV that is
+    not UTF-8 is one TruthfulQAError line naming the file and how to re-encode it."""
     path = Path(path) if path else DEFAULT_CSV
     if not path.is_file():
         raise TruthfulQAError(f"{path}: no such file (give an existing TruthfulQA CSV)")
+    try:
+        return _read_questions(path)
+    except UnicodeDecodeError as err:
+        raise TruthfulQAError(f"{path} is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset "
+                              f"{err.start}): save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > "
+                              f"{path.with_suffix('.utf8.csv')}") from None
+
+
+def _read_questions(path: Path) -> list[Question]:
     with path.open(encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]

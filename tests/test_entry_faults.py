@@ -134,6 +134,13 @@ def test_truthfulqa_latin1_csv_is_one_line_naming_the_file_and_the_encoding(tmp_
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
         run_entry(run, tqa(f"data_path={path}", f"results_dir={tmp_path / 'r'}"), log=logging.getLogger("t"))
     assert exit_.value.code == 1 and not (tmp_path / "r").exists()
+    from extract.config import compose_config
+    from extract.run import extract   # the probing datapack reads the CSV with the same parser
+    with pytest.raises(ToolkitError) as err:
+        extract(compose_config("extract", "model=tiny", "data=truthfulqa", f"data.path={path}",
+                               f"store_dir={tmp_path / 's'}"))
+    one_line(err, str(path), "UTF-8")
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.fixture(scope="module")
