@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.cells import CellError, read_cell
+from evaluation.cells import CellError
 from evaluation.metrics import abstain_mcc, as_probs, mcc, wmcc
 from evaluation.selective import aurc, mcnemar_exact, paired_bootstrap, paired_bootstrap_diff
-from extract.errors import run_entry
+from experiments.tables import report_cell
+from extract.errors import check_count, run_entry
 
 log = logging.getLogger(__name__)
 ESTIMANDS = {   # what each key of compare_cells' result measures; every table names its rows' estimand thus
@@ -60,7 +61,10 @@ def compare_cells(a: dict, b: dict, n_boot: int = 1000, seed: int = 0, names=("a
 
 
 def compare(args: argparse.Namespace) -> dict:
-    result = compare_cells(read_cell(args.a), read_cell(args.b), args.n_boot, args.seed)
+    """The comparison of the command line's two cells (each checked: experiments.tables.report_cell), logged
+    and printed as JSON; --n-boot must be >= 1."""
+    n_boot = check_count(args.n_boot, "--n-boot")
+    result = compare_cells(report_cell(args.a), report_cell(args.b), n_boot, args.seed)
     for key in ("mcc", "wmcc", "mcc_all", "aurc"):
         r = result[key]
         log.info("%s, a - b: %+.3f [%+.3f, %+.3f] (p = %.3g, %s bootstrap)", ESTIMANDS[key], r["diff"], *r["ci"],

@@ -1,8 +1,8 @@
 """`python -m experiments.cross_model models=[...] datapacks=[...]`: the paper's claims, tested across models.
 
-Reads the layer-sweep cells of every (model, datapack) under <results_dir>/<model>/<datapack>/ (one split,
-entity_disjoint by default; a missing model / datapack is logged and skipped) and writes to
-<reports_dir>/cross_model/:
+Reads the layer-sweep cells of every (model, datapack) under <results_dir>/<model>/<datapack>/ (one split:
+`split=entity_disjoint` (default), `reference` or `question_disjoint`, as train_probe's `split=`; a missing
+model / datapack is logged and skipped) and writes to <reports_dir>/cross_model/, whole or not at all:
 
     depth_<datapack>.png    test MCC (solid, bootstrap band) and W-MCC (dashed) against relative depth
                             (layer / the model's n_layers), one colour per model, one panel per (probe, task)
@@ -36,9 +36,9 @@ two-sided bootstrap p (`<difference>_p_raw`), Holm-adjusted over the claim's fam
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import hydra
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
@@ -48,8 +48,10 @@ from evaluation.metrics import ABSTAIN
 from evaluation.selective import paired_bootstrap
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import ALPHA, best_layers, cell_of, layer_table, load_cells, p_text, with_holm
-from extract.errors import check_name, run_entry
+from experiments.tables import (ALPHA, SplitChoice, best_layers, cell_of, check_writable, layer_table, load_cells,
+                                p_text, publish, with_holm)
+from extract.errors import check_count, check_name, hydra_main, run_entry
+from extract.schema import typed_options
 from extract.statements import FALSE, NEITHER, TRUE
 
 log = logging.getLogger(__name__)
@@ -399,18 +401,9 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
 
 def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], datapacks: list[str],
                       split: str = "entity_disjoint", n_boot: int = 1000) -> Path:
-    """The depth figures and the claims tables (module docstring) under <reports_dir>/cross_model/."""
+    """The depth figures and claims tables (module docstring) in <reports_dir>/cross_model/ (tables.publish)."""
     models, datapacks = list(models), list(datapacks)
     study = load_study(results_dir, models, datapacks, split)
-    out = Path(reports_dir) / "cross_model"
-    out.mkdir(parents=True, exist_ok=True)
-    colours = {m: f"C{i}" for i, m in enumerate(models)}
-    for datapack in datapacks:
-        tables = {m: study[m, datapack][1] for m in models if (m, datapack) in study}
-        if tables:
-            depth_figure(tables, colours, out / f"depth_{datapack}.png", f"{datapack} ({split})")
-        else:
-            log.info("no model has cells for %s: no depth_%s.png", datapack, datapack)
     parts = {"a": [], "b": [], "c": []}
     for (model, datapack), (cells, table) in study.items():
         parts["a"] += depth_claims(model, datapack, cells, table, n_boot)
@@ -420,18 +413,44 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
     depth = with_holm(depth, "q3_vs_rest_mcc", ["model"])
     samil = samil_verdicts(samil)
     summary, samil_counts = pd.DataFrame(depth_summary(depth)), pd.DataFrame(samil_summary(samil))
-    pd.concat([depth, summary, neither, samil, samil_counts], ignore_index=True).to_csv(out / "claims.csv", index=False)
-    (out / "claims.md").write_text(claims_markdown(depth, summary, neither, samil, samil_counts))
+
+    def build(out: Path) -> None:
+        colours = {m: f"C{i}" for i, m in enumerate(models)}
+        for datapack in datapacks:
+            tables = {m: study[m, datapack][1] for m in models if (m, datapack) in study}
+            if tables:
+                depth_figure(tables, colours, out / f"depth_{datapack}.png", f"{datapack} ({split})")
+            else:
+                log.info("no model has cells for %s: no depth_%s.png", datapack, datapack)
+        claims = pd.concat([depth, summary, neither, samil, samil_counts], ignore_index=True)
+        claims.to_csv(out / "claims.csv", index=False)
+        (out / "claims.md").write_text(claims_markdown(depth, summary, neither, samil, samil_counts))
+
+    out = publish(Path(reports_dir) / "cross_model", build)
     log.info("cross-model report written to %s (%d model / datapack pairs)", out, len(study))
     return out
 
 
+@dataclass
+class CrossModelSchema:
+    """`python -m experiments.cross_model`'s options (conf/cross_model.yaml), checked before any work."""
+    models: list[str] = field(default_factory=list)
+    datapacks: list[str] = field(default_factory=list)
+    split: SplitChoice = field(default_factory=SplitChoice)
+    n_boot: int = 1000
+    results_dir: str = "results"
+    reports_dir: str = "reports"
+
+
 def cross_model(cfg: DictConfig) -> Path:
-    return write_cross_model(Path(cfg.results_dir), Path(cfg.reports_dir), list(cfg.models), list(cfg.datapacks),
-                             cfg.split, int(cfg.n_boot))
+    o = typed_options(cfg, CrossModelSchema, {"n_boot": "a whole number >= 1", "models": "a list, e.g. [smollm2]"})
+    check_count(o["n_boot"], "n_boot")
+    check_writable(o["reports_dir"], "reports_dir")
+    return write_cross_model(Path(o["results_dir"]), Path(o["reports_dir"]), o["models"], o["datapacks"],
+                             o["split"]["kind"], o["n_boot"])
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="cross_model")
+@hydra_main(config_path="../conf", config_name="cross_model")
 def main(cfg: DictConfig) -> None:
     run_entry(cross_model, cfg, log=log)
 

@@ -29,21 +29,24 @@ apart from the sampling interval `<metric>_boot_lo/_hi` (mean of the seeds' boot
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-import hydra
 import pandas as pd
 from omegaconf import DictConfig
 
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import ALPHA, best_layers, cell_of, layer_table, load_cells, with_holm, yes_no
+from experiments.tables import (ALPHA, Named, best_layers, cell_of, check_writable, layer_table, load_cells, publish,
+                                with_holm, yes_no)
 from experiments.cross_model import write_cross_model
 from experiments.ncb_report import write_ncb
 from experiments.transfer import DATAPACKS, write_transfer
 from experiments.truthfulqa_report import write_truthfulqa
 from extract.statements import TRUTHFULQA
-from extract.errors import run_entry
+from extract.errors import hydra_main, run_entry
+from extract.schema import typed_options
 
 log = logging.getLogger(__name__)
 VERSUS = {"mcc": "mcnemar", "mcc_all": "mcnemar_all"}   # estimand -> the McNemar test on the same rows
@@ -74,30 +77,34 @@ def best_vs_runner_up(cells: pd.DataFrame, best: pd.DataFrame, n_boot: int = 500
 
 
 def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str) -> Path:
+    """The report of one (model, datapack) (module docstring), written whole or not at all
+    (experiments.tables.publish: a failure leaves the previous report as it was)."""
     cells = load_cells(results_dir, model, datapack)
     table = layer_table(cells)
     best = best_layers(table)
-    out = Path(reports_dir) / model / datapack
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "layers.csv", index=False)
-    best.to_csv(out / "best.csv", index=False)
     versus = best_vs_runner_up(cells, best)
-    versus.to_csv(out / "best_vs_runner_up.csv", index=False)
-    (out / "layers.md").write_text(_markdown(table))
-    (out / "best.md").write_text(_markdown(best) + "\n" + _versus_markdown(versus))
-    title = f"{model} / {datapack}"
-    plots.metric_by_layer(table, out / "mcc_by_layer.png", title)
-    plots.metric_by_layer(table, out / "aurc_by_layer.png", title, metrics=("aurc",))
-    if len(best):
-        chosen = {(r["probe"], r["task"]): cell_of(cells, r) for _, r in best.iterrows()}
-        behaviour = {(r["probe"], r["task"]): cell_of(cells, r) for _, r in table[table["layer"].isna()].iterrows()}
-        plots.risk_coverage(chosen, behaviour, out / "risk_coverage.png", title)
-        first_task = sorted(best["task"])[0]
-        plots.reliability({p: c for (p, t), c in chosen.items() if t == first_task}, out / "reliability.png",
-                          f"{title}: {first_task}")
-    write_ncb(results_dir, out, model, datapack)             # nothing when `python -m ncb` has not run
-    if datapack == TRUTHFULQA:
-        write_truthfulqa(results_dir, out, model)               # probe vs likelihood MC1 / MC2
+
+    def build(out: Path) -> None:
+        table.to_csv(out / "layers.csv", index=False)
+        best.to_csv(out / "best.csv", index=False)
+        versus.to_csv(out / "best_vs_runner_up.csv", index=False)
+        (out / "layers.md").write_text(_markdown(table))
+        (out / "best.md").write_text(_markdown(best) + "\n" + _versus_markdown(versus))
+        title = f"{model} / {datapack}"
+        plots.metric_by_layer(table, out / "mcc_by_layer.png", title)
+        plots.metric_by_layer(table, out / "aurc_by_layer.png", title, metrics=("aurc",))
+        if len(best):
+            chosen = {(r["probe"], r["task"]): cell_of(cells, r) for _, r in best.iterrows()}
+            behaviour = {(r["probe"], r["task"]): cell_of(cells, r) for _, r in table[table["layer"].isna()].iterrows()}
+            plots.risk_coverage(chosen, behaviour, out / "risk_coverage.png", title)
+            first_task = sorted(best["task"])[0]
+            plots.reliability({p: c for (p, t), c in chosen.items() if t == first_task}, out / "reliability.png",
+                              f"{title}: {first_task}")
+        write_ncb(results_dir, out, model, datapack)             # nothing when `python -m ncb` has not run
+        if datapack == TRUTHFULQA:
+            write_truthfulqa(results_dir, out, model)               # probe vs likelihood MC1 / MC2
+
+    out = publish(Path(reports_dir) / model / datapack, build)
     if any(Path(results_dir, model).glob("*->*")):              # apply_probe transfer cells exist
         write_transfer(results_dir, reports_dir, model)
     log.info("report written to %s (%d cells)", out, len(cells))
@@ -136,14 +143,37 @@ def _versus_markdown(versus: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class ReportSchema:
+    """`python -m experiments.report`'s options (conf/report.yaml), checked before any work."""
+    model: Named = field(default_factory=Named)
+    data: Named = field(default_factory=Named)
+    results_dir: str = "results"
+    reports_dir: str = "reports"
+    cross_model: Optional[list[str]] = None
+
+
+_HINTS = {"cross_model": "a list of models, e.g. cross_model=[smollm2,gemma3-270m], or null"}
+
+
+def validate(cfg: DictConfig) -> dict:
+    """The options typed (extract.schema.typed_options) and reports_dir writable."""
+    checked = typed_options(cfg, ReportSchema, _HINTS, {"model.name": "model=<name> or model.name=<name>",
+                                                       "data.name": "data=<datapack> or data.name=<name>"})
+    check_writable(checked["reports_dir"], "reports_dir")
+    return checked
+
+
 def report(cfg: DictConfig) -> Path:
-    out = write_report(Path(cfg.results_dir), Path(cfg.reports_dir), cfg.model.name, cfg.data.name)
-    if cfg.cross_model:   # several models: the cross-model view of the three Trilemma datapacks
-        write_cross_model(cfg.results_dir, cfg.reports_dir, list(cfg.cross_model), list(DATAPACKS))
+    options = validate(cfg)
+    out = write_report(Path(options["results_dir"]), Path(options["reports_dir"]), options["model"]["name"],
+                       options["data"]["name"])
+    if options["cross_model"]:   # several models: the cross-model view of the three Trilemma datapacks
+        write_cross_model(options["results_dir"], options["reports_dir"], options["cross_model"], list(DATAPACKS))
     return out
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="report")
+@hydra_main(config_path="../conf", config_name="report")
 def main(cfg: DictConfig) -> None:
     run_entry(report, cfg, log=log)
 

@@ -1,19 +1,46 @@
 """Result cells as tables: one row per cell, per (probe, task, split, layer) with seeds aggregated, and
 the best layer of each probe chosen on the calibration split (the report, the transfer matrix and the
-cross-model view all read cells through these); a cell's health flag; Holm-adjusted decisions of a
-table's family of tests."""
+cross-model view all read cells through these, `report_cell` checking each); a cell's health flag;
+Holm-adjusted decisions of a table's family of tests; `publish`, the one writer of every report folder
+(old report intact or new report whole)."""
 from __future__ import annotations
 
+import ctypes
+import math
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from typing import Callable
+
+from omegaconf import MISSING
 
 import numpy as np
 import pandas as pd
 
-from evaluation.cells import CellError, read_cell
+from evaluation.cells import CellError, cell_path, read_cell
 from evaluation.selective import holm
-from extract.errors import check_name
+from evaluation.splits import KINDS
+from extract.errors import ToolkitError, check_name
 
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
+SplitKind = Enum("SplitKind", {k: k for k in KINDS})
+
+
+@dataclass
+class Named:
+    """A config group of which a report reads only the name (model=, data=)."""
+    name: str = MISSING
+
+
+@dataclass
+class SplitChoice:
+    """The split group (conf/split/) of which a report reads only the kind: split=entity_disjoint | reference | ..."""
+    kind: SplitKind = SplitKind.entity_disjoint
+
 ALPHA = 0.05   # every table's significance level: a test is significant when its (raw or Holm) p < ALPHA
 
 
@@ -24,9 +51,9 @@ def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
     root = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data")
     rows = []
     for path in sorted(root.glob("*/*/*/layer=*/seed=*.json")):
-        cell = read_cell(path)
+        cell = report_cell(path, results_dir)
         config, m = cell["config"], cell["metrics"]
-        rows.append({"probe": config["probe"]["name"], "task": config["task"]["name"],
+        rows.append({"probe": method_of(cell), "task": config["task"]["name"],
                      "split": cell["split"]["kind"], "layer": cell["layer"], "seed": config["seed"],
                      "n_layers": cell.get("store", {}).get("n_layers"),
                      "stored_layers": cell.get("store", {}).get("layers"), "flag": cell_flag(cell),
@@ -38,6 +65,71 @@ def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
     cells = pd.DataFrame(rows)
     cells["layer"] = cells["layer"].astype("Int64")
     return cells
+
+
+REQUIRED = ("config.model.name", "config.data.name", "config.task.name", "config.seed", "split.kind", "layer",
+            "metrics.mcc", "metrics.wmcc", "metrics.acceptance", "test.rows", "test.y", "test.pred", "test.probs")
+
+
+def report_cell(path: Path, results_dir=None) -> dict:
+    """The cell at `path` (evaluation.cells.read_cell) with the blocks a report reads (REQUIRED), no NaN or
+    infinity anywhere (write_cell never writes one: a hand-edited cell) and, given `results_dir`, a path
+    that is the one its content names (evaluation.cells.cell_path: model, datapack, method, task, split,
+    layer, seed; a cell copied under another folder would be counted as another seed or datapack).
+    Anything else is one CellError line naming the file."""
+    cell = read_cell(path)
+    for key in REQUIRED:
+        value = cell
+        for part in key.split("."):
+            value = value.get(part, KeyError) if isinstance(value, dict) else KeyError
+        if value is KeyError:
+            raise CellError(f"{path} has no {key}: not a complete result cell; delete it and rerun the command that "
+                            "wrote it (e.g. `python -m train_probe ... overwrite=true`)")
+    bad = _non_finite(cell)
+    if bad:
+        raise CellError(f"{path}: {bad} is not a finite number (cells are written without NaN or infinity: the file "
+                        "was edited); delete it and rerun the command that wrote it")
+    if results_dir is not None:
+        config = cell["config"]
+        names = {"model": config["model"]["name"], "datapack": config["data"]["name"], "method": method_of(cell),
+                 "task": config["task"]["name"], "split": cell["split"]["kind"], "layer": cell["layer"],
+                 "seed": config["seed"]}
+        try:
+            expected = cell_path(results_dir, *names.values())
+        except ToolkitError as err:
+            raise CellError(f"{path}: {err}") from None
+        if expected != Path(path):
+            parts = {"model": -7, "datapack": -6, "method": -5, "task": -4, "split": -3, "layer": -2, "seed": -1}
+            wrong = [f"{k}={v}" for k, v in names.items() if expected.parts[parts[k]] != Path(path).parts[parts[k]]]
+            raise CellError(f"{path}: its content says {', '.join(wrong) or 'another path'} (it belongs at {expected}): "
+                            "a cell copied or moved by hand is refused, never counted as another seed or datapack; "
+                            "move it back or delete it")
+    return cell
+
+
+def method_of(cell: dict) -> str:
+    """The method a cell's folder is named after: its `method.name` (a probe name, with +in_sample /
+    +reference for the non-default procedures; zero-shot methods), else its probe's name (older cells)."""
+    return (cell.get("method") or {}).get("name") or cell["config"]["probe"]["name"]
+
+
+def _non_finite(value, key: str = "") -> str | None:
+    """The dotted key of the first NaN / infinite float in a JSON value, None when there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else key or "a value"
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        if value and all(isinstance(v, (int, str, bool)) or v is None for v in value):
+            return None        # the common long lists (rows, labels, predictions): nothing to check
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for k, v in items:
+        found = _non_finite(v, f"{key}{k}" if str(k).startswith("[") or not key else f"{key}.{k}")
+        if found:
+            return found
+    return None
 
 
 def cell_flag(cell: dict) -> str:
@@ -110,4 +202,125 @@ def cell_of(cells: pd.DataFrame, row: pd.Series) -> dict:
     """The first seed's cell of a (probe, task, split, layer) row."""
     keys = ["probe", "task", "split", "layer"]
     match = cells[(cells[keys[:3]] == row[keys[:3]]).all(axis=1) & (cells["layer"] == row["layer"])]
-    return read_cell(Path(match.sort_values("seed")["path"].iloc[0]))
+    return report_cell(Path(match.sort_values("seed")["path"].iloc[0]))
+
+
+class ReportError(ToolkitError):
+    """A report that cannot be written (no space, no permission); the previous report is unchanged."""
+
+
+_STAGING = f".tmp-report-{socket.gethostname()}-"   # + pid + random: a report being written
+
+
+def check_writable(folder, option: str) -> None:
+    """The deepest existing folder of `folder` must be a writable directory (checked before any work;
+    nothing is created)."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ReportError(f"{option}={folder}: {existing} is not a writable folder: choose {option}=...")
+
+
+def publish(out: Path, build: Callable[[Path], None], whole_folder: bool = True) -> Path:
+    """Write a report atomically: `build(folder)` writes every file of the report into a fresh staging
+    folder beside `out` (same file system: a full disk fails here, before anything of the old report is
+    touched), every file is fsynced, then the staging folder takes `out`'s place in one rename
+    (renameat2 RENAME_EXCHANGE; where the file system lacks it, the old folder is renamed aside first)
+    and the old report is deleted. `whole_folder=False` (files that share their folder with other
+    reports: the transfer matrix in <reports_dir>/<model>/): each staged file is renamed over its
+    namesake, once all were written. On any failure the staging folder (and folders this call created)
+    is removed, so the old report is intact or the new one whole; an OSError is one ReportError line."""
+    out = Path(out)
+    created = [p for p in (out, *out.parents) if not p.exists()][::-1]
+    staging = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_staging(out.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
+        build(staging)
+        _fsync_tree(staging)
+        if whole_folder:
+            _swap_in(staging, out)
+        else:
+            out.mkdir(exist_ok=True)
+            for file in sorted(staging.iterdir()):
+                os.replace(file, out / file.name)
+            _fsync(out)
+        created = []
+        return out
+    except OSError as err:
+        raise ReportError(f"cannot write the report {out} ({err.strerror or err}): free space there or choose a "
+                          "writable reports_dir=; the previous report, if any, is unchanged") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for folder in reversed(created):   # a failed first report leaves no empty folders either
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Put `staging` at `out`; afterwards `staging` names the old report (deleted by the caller) or nothing."""
+    if not out.exists():
+        os.rename(staging, out)
+    elif not _exchange(staging, out):
+        aside = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=out.parent))
+        os.rename(out, aside / "old")
+        os.rename(staging, out)
+        os.rename(aside, staging)
+    _fsync(out.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (22, 38, 95):   # EINVAL, ENOSYS, EOPNOTSUPP: the file system cannot exchange
+        return False
+    raise OSError(errno, os.strerror(errno), str(b))
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            _fsync(path)
+    _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_staging(folder: Path) -> None:
+    """Delete staging folders of this host whose writer is gone (a SIGKILLed report)."""
+    for stale in folder.glob(f"{_STAGING}*"):
+        pid = stale.name[len(_STAGING):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

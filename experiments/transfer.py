@@ -19,20 +19,23 @@ cell's test split). Writes to <reports_dir>/<model>/:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-import hydra
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
 from apply_probe import apply_to_store, transfer_path
 from evaluation.cell_metrics import raw_auroc
-from evaluation.cells import CellError, read_cell
+from evaluation.cells import CellError
 from evaluation.selective import paired_bootstrap
 from experiments.plots import pyplot
-from experiments.tables import best_layers, cell_flag, layer_table, load_cells
-from extract.errors import check_name, run_entry
+from experiments.tables import (Named, SplitChoice, best_layers, cell_flag, check_writable, layer_table, load_cells,
+                                publish, report_cell)
+from extract.errors import check_name, hydra_main, run_entry
+from extract.schema import typed_options
 
 log = logging.getLogger(__name__)
 DATAPACKS = ("city_locations", "med_indications", "word_definitions")
@@ -77,14 +80,14 @@ def transfer_table(results_dir, model: str, datapacks=DATAPACKS, tasks=TASKS, sp
             log.warning("no probe trained on %s (%s): its row is left out", train, err)
             continue
         for _, b in best[best["task"].isin(list(tasks))].iterrows():
-            probe_cell = read_cell(Path(b["path"]))
+            probe_cell = report_cell(Path(b["path"]))
             for evaluated in datapacks:
                 path = Path(b["path"]) if evaluated == train else transfer_path(results_dir, probe_cell, evaluated)
                 if not path.exists() and store_dir is not None:
                     apply_to_store(b["path"], evaluated, store_dir, results_dir)
                 if not path.exists():
                     continue
-                cell = read_cell(path)
+                cell = report_cell(path)
                 m = cell["metrics"]
                 auroc = m.get("auroc")
                 rows.append({"probe": b["probe"], "task": b["task"], "split": split, "layer": int(b["layer"]),
@@ -107,12 +110,15 @@ def write_transfer(results_dir, reports_dir, model: str, datapacks=DATAPACKS, ta
     if table.empty:
         raise CellError(f"no result cell of {model} on {', '.join(datapacks)} under {results_dir}: run "
                         "`python -m train_probe` first")
-    out = Path(reports_dir) / check_name(model, "model")
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "transfer.csv", index=False)
-    (out / "transfer.md").write_text(_markdown(table, list(datapacks)))
-    for task, g in table.groupby("task"):
-        heat_maps(g, list(datapacks), out / f"transfer_{task}.png", f"{model}: {task} (MCC, rows: trained on)")
+
+    def build(folder: Path) -> None:
+        table.to_csv(folder / "transfer.csv", index=False)
+        (folder / "transfer.md").write_text(_markdown(table, list(datapacks)))
+        for task, g in table.groupby("task"):
+            heat_maps(g, list(datapacks), folder / f"transfer_{task}.png", f"{model}: {task} (MCC, rows: trained on)")
+
+    # the model's folder also holds its datapacks' reports: only the transfer files are replaced
+    out = publish(Path(reports_dir) / check_name(model, "model"), build, whole_folder=False)
     log.info("transfer matrix of %d cells written to %s", len(table), out)
     return out
 
@@ -167,12 +173,27 @@ def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str)
     plt.close(fig)
 
 
+@dataclass
+class TransferSchema:
+    """`python -m experiments.transfer`'s options (conf/transfer.yaml), checked before any work."""
+    model: Named = field(default_factory=Named)
+    datapacks: list[str] = field(default_factory=lambda: list(DATAPACKS))
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    split: SplitChoice = field(default_factory=SplitChoice)
+    results_dir: str = "results"
+    reports_dir: str = "reports"
+    store_dir: Optional[str] = "activations"
+
+
 def transfer(cfg: DictConfig) -> Path:
-    return write_transfer(cfg.results_dir, cfg.reports_dir, cfg.model.name, list(cfg.datapacks), list(cfg.tasks),
-                          cfg.split, cfg.store_dir)
+    o = typed_options(cfg, TransferSchema, {"datapacks": "a list, e.g. datapacks=[city_locations,med_indications]",
+                                            "tasks": "a list, e.g. tasks=[true_vs_false]"})
+    check_writable(o["reports_dir"], "reports_dir")
+    return write_transfer(o["results_dir"], o["reports_dir"], o["model"]["name"], o["datapacks"], o["tasks"],
+                          o["split"]["kind"], o["store_dir"])
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="transfer")
+@hydra_main(config_path="../conf", config_name="transfer")
 def main(cfg: DictConfig) -> None:
     run_entry(transfer, cfg, log=log)
 

@@ -6,15 +6,23 @@ In a Hydra multirun a failing job does not stop the sweep: `run_entry` logs its 
 it in the job's output folder (`FAILED`) and lets the next job run; `ReportFailures` (a Hydra
 callback named in each entry point's config) lists the failed jobs at the end and exits 1.
 Relaunching the sweep reruns only what is missing (existing cells are skipped).
+
+`hydra_main` is `hydra.main` for every entry point: Hydra's own errors (an unknown config group option,
+an override it cannot apply, a plugin `_target_` it refuses), raised before the entry point's code
+runs, are printed as one line too, and Hydra callbacks can only be the ones the toolkit's configs name.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -51,6 +59,93 @@ def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T | None:
         record = Path(job.runtime.output_dir) / "FAILED"
         record.write_text(f"{' '.join(job.overrides.task)}\n{message}\n")
         return None
+
+
+def hydra_main(config_path: str, config_name: str) -> Callable:
+    """`@hydra.main(version_base="1.3", config_path=..., config_name=...)` of an entry point, with
+    Hydra's errors before the task runs (composition, overrides, plugin instantiation) printed as one
+    line and exit 1, and any command-line override of `hydra.callbacks` refused (a callback is code run
+    around every job: only the ones conf/ names are run). HYDRA_FULL_ERROR=1 shows Hydra's full error."""
+    def decorate(task: Callable) -> Callable:
+        hydra_task = hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)(task)
+
+        @functools.wraps(task)
+        def main(cfg=None):
+            if cfg is not None:       # called with a composed config (tests, notebooks)
+                return hydra_task(cfg)
+            try:
+                refuse_callback_overrides(sys.argv[1:])
+            except ToolkitError as err:
+                _print_error(str(err))
+                sys.exit(1)
+            wanted = os.environ.get("HYDRA_FULL_ERROR")
+            os.environ["HYDRA_FULL_ERROR"] = "1"    # Hydra raises instead of printing; we print one line
+            try:
+                return hydra_task()
+            except Exception as err:
+                if wanted == "1" or not _raised_by_hydra(err):
+                    raise
+                _print_error(hydra_error_line(err))
+                sys.exit(1)
+            finally:
+                if wanted is None:
+                    os.environ.pop("HYDRA_FULL_ERROR", None)
+                else:
+                    os.environ["HYDRA_FULL_ERROR"] = wanted
+        return main
+    return decorate
+
+
+def refuse_callback_overrides(arguments: list[str]) -> None:
+    """A command-line override that adds, changes or removes a Hydra callback is one ToolkitError line."""
+    for argument in arguments:
+        key = argument.lstrip("+~").split("=", 1)[0]
+        if key.replace("/", ".").split(".")[:2] == ["hydra", "callbacks"]:
+            raise ToolkitError(f"{argument}: Hydra callbacks cannot be set from the command line (they run code around "
+                               "every job; the toolkit's own are named in conf/): drop this override")
+
+
+def _raised_by_hydra(err: Exception) -> bool:
+    """Hydra's or OmegaConf's own error (its class, or raised from their code), not the entry point's."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(err, (HydraException, OmegaConfBaseException)):
+        return True
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return module.split(".")[0] in ("hydra", "omegaconf")
+
+
+def hydra_error_line(err: Exception) -> str:
+    """Hydra's multi-line message as one line: its lines joined by "; ", a list of available options
+    joined by ", ", the search path, OmegaConf's key details and the HYDRA_FULL_ERROR hint left out."""
+    text = str(err)
+    cause = err.__cause__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in text:
+        text += "\n" + str(cause)
+    parts: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("Config search path"):
+            break
+        line = re.sub(r",? ?set env var HYDRA_FULL_ERROR=1 to see chained exception\.?", "", line)
+        if not line or line.startswith(("full_key:", "object_type=", "reference_type=", "Set the environment")):
+            continue
+        if raw[:1] in ("\t", " ") and parts and parts[-1].endswith((":", ",")):
+            parts[-1] += " " + line + ","
+        else:
+            parts.append(line)
+    parts = [part.rstrip(",.") for part in parts]
+    return "; ".join(parts) or type(err).__name__
+
+
+def _print_error(message: str) -> None:
+    """One line in the entry points' log format (Hydra's logging is not configured yet)."""
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')} ERROR] {message}\n")
+    sys.stderr.flush()
 
 
 class ReportFailures(Callback):
