@@ -11,13 +11,19 @@ On the probe's own datapack exactly its cell's test rows are scored (the cell's 
 reproduced); on another datapack every statement the task defines. A store of another model
 (fingerprint), stored dtype, compute dtype, tokenizer, chat template or system prompt, or without the
 probe's layer, is refused before anything is written.
+
+Options are typed by `ApplyProbeSchema` (extract.schema.typed_options, the parser every entry point
+uses) before any work: `overwrite=maybe` is one line, never a truthy string. `text=` is data: it is
+read as written, never resolved (`${oc.env:X}` in a statement is scored as those characters).
 """
 from __future__ import annotations
 
 import logging
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import hydra
 import numpy as np
@@ -32,12 +38,30 @@ from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
 from extract.errors import ToolkitError, check_count, check_name, run_entry
 from extract.on_the_fly import extract_statements, model_attrs, store_model
+from extract.schema import typed_options
 from extract.statements import LABELS
 from extract.store import ActivationStore, StoreError, store_path
 from probes.artifacts import FittedProbe, check_same_model, load_probe, store_summary
 from probes.features import layer_features
 
 log = logging.getLogger("apply_probe")
+_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
+          "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)", "device": "auto, cpu, cuda or mps"}
+
+
+@dataclass
+class ApplyProbeSchema:
+    """python -m apply_probe's options (conf/apply_probe.yaml holds the defaults); `text` is not among
+    them: it is read raw (see `raw_text`)."""
+    cell: Optional[str] = None
+    data: Any = None                  # a data group: only its `name` is read (checked as a file name where used)
+    csv: Optional[str] = None
+    name: Optional[str] = None
+    store_dir: str = "activations"
+    results_dir: str = "results"
+    overwrite: bool = False
+    batch_tokens: int = 4096
+    device: str = "auto"
 
 
 def trained_probe(cell_file) -> tuple[FittedProbe, dict]:
@@ -154,36 +178,77 @@ def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir
     return out_path
 
 
-def read_statements(cfg: DictConfig) -> tuple[list[str], str]:
-    """The statements of `text=` (one or a list) or of `csv=` (column `statement`), and their default
-    output name."""
-    if cfg.csv is not None:
-        try:
-            frame = pd.read_csv(cfg.csv, dtype=str, keep_default_na=False)
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise ToolkitError(f"csv={cfg.csv}: not a readable CSV ({str(err).splitlines()[0]})") from None
-        if "statement" not in frame:
-            raise ToolkitError(f"csv={cfg.csv}: no column 'statement' (columns: {list(frame.columns)})")
-        return frame["statement"].str.strip().tolist(), Path(cfg.csv).stem
-    text = OmegaConf.to_container(cfg.text) if OmegaConf.is_list(cfg.text) else [cfg.text]
-    return [str(t).strip() for t in text], "text"
+def raw_text(cfg: DictConfig):
+    """`text=` exactly as written (None if not given): user text is data, so `${...}` in it is never
+    resolved (an interpolation, an environment variable, set or not, is scored as those characters)."""
+    return OmegaConf.to_container(cfg, resolve=False).get("text")
+
+
+def validate(cfg: DictConfig) -> dict:
+    """The options other than `text`, typed by ApplyProbeSchema (a value it cannot read, e.g.
+    overwrite=maybe, is one ToolkitError line naming it), with batch_tokens and an explicit name checked."""
+    options = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "text"}
+    if isinstance(options.get("data"), dict):   # of a data group only the datapack's name is used here
+        options["data"] = {"name": options["data"].get("name")}
+    checked = typed_options(OmegaConf.create(options), ApplyProbeSchema, _HINTS)
+    check_count(checked["batch_tokens"], "batch_tokens")
+    if checked["name"] is not None:
+        check_name(checked["name"], "name")
+    return checked
+
+
+def text_statements(text) -> list[str]:
+    """The statements of `text=` (one or a list), each a string (a number, null or a mapping in the list
+    is refused: quote it)."""
+    items = text if isinstance(text, list) else [text]
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ToolkitError(f"text=: item {i + 1} is {item!r} ({type(item).__name__}), not a statement: give "
+                               "statements as quoted strings, e.g. text=\"['1984 is a year.', 'Paris is in France.']\"")
+    return [t.strip() for t in items]
+
+
+def csv_statements(csv: str) -> list[str]:
+    """The `statement` column of the CSV file `csv`."""
+    try:
+        frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise ToolkitError(f"csv={csv}: not a readable CSV ({str(err).splitlines()[0]})") from None
+    if "statement" not in frame:
+        raise ToolkitError(f"csv={csv}: no column 'statement' (columns: {list(frame.columns)})")
+    return frame["statement"].str.strip().tolist()
+
+
+def default_name(csv: str | None) -> str:
+    """The output name of text= / csv= scores when name= is not given: `text`, or the CSV file's stem made
+    one safe file name (`my statements.csv` -> `my_statements`; `csv` if nothing of it is left)."""
+    if csv is None:
+        return "text"
+    safe = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._+=,-]+", "_", Path(csv).stem)).lstrip("._+=,-")
+    return safe or "csv"
 
 
 def apply(cfg: DictConfig):
-    """The command: exactly one of data= (a store), text= or csv= (statements)."""
-    given = [k for k in ("data", "text", "csv") if cfg.get(k) is not None]
+    """The command: exactly one of data= (a store), text= or csv= (statements); every option is checked
+    before any work."""
+    text = raw_text(cfg)
+    opts = validate(cfg)
+    given = [k for k, v in (("data", opts["data"]), ("text", text), ("csv", opts["csv"])) if v is not None]
     if len(given) != 1:
         raise ToolkitError(f"give exactly one of data=<datapack>, text=\"...\" or csv=<file> (got "
                            f"{', '.join(given) or 'none'})")
-    if cfg.cell is None:
+    if opts["cell"] is None:
         raise ToolkitError("probe=<cell.json> is required: the result cell whose saved probe to apply")
     if given == ["data"]:
-        return apply_to_store(cfg.cell, cfg.data.name, cfg.store_dir, cfg.results_dir, bool(cfg.overwrite))
-    statements, stem = read_statements(cfg)
+        if not isinstance(opts["data"], dict) or opts["data"].get("name") is None:
+            raise ToolkitError("data= names no datapack: give data=<datapack> (or data=csv data.name=<store name>)")
+        return apply_to_store(opts["cell"], opts["data"]["name"], opts["store_dir"], opts["results_dir"],
+                              opts["overwrite"])
+    statements = text_statements(text) if given == ["text"] else csv_statements(opts["csv"])
     if not statements or any(s == "" for s in statements):
         raise ToolkitError(f"{given[0]}=: an empty statement or none at all: give text to score")
-    return apply_to_statements(cfg.cell, statements, cfg.store_dir, cfg.results_dir, cfg.name or stem,
-                               check_count(cfg.batch_tokens, "batch_tokens"), cfg.device)
+    return apply_to_statements(opts["cell"], statements, opts["store_dir"], opts["results_dir"],
+                               opts["name"] or default_name(opts["csv"]), opts["batch_tokens"], opts["device"])
 
 
 def hydra_arguments(args: list[str]) -> list[str]:

@@ -217,15 +217,66 @@ class ConformalClassifier:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ConformalClassifier":
-        """Rebuild a fitted classifier from :meth:`to_dict` output."""
+        """Rebuild a fitted classifier from :meth:`to_dict` output; a state it cannot have produced (a
+        key missing, NaN or out-of-range thresholds, alpha outside (0, 1)) is one ConformalError."""
+        _check_state(d, {"alpha": _is_level, "mondrian": _is_bool, "n_classes": _is_n_classes}, "LAC")
+        thresholds = np.asarray(_number_list(d, "thresholds"), dtype=np.float64)
+        if len(thresholds) != d["n_classes"] or not ((thresholds >= -1e-9) & (thresholds <= 1 + 1e-9)).all():
+            raise ConformalError(f"conformal.thresholds={d['thresholds']}: a LAC state has {d['n_classes']} "
+                                 "thresholds in [0, 1] (1 - p); this one was not written by fit()")
         cp = cls()
         cp.alpha = float(d["alpha"])
-        cp.mondrian = bool(d["mondrian"])
+        cp.mondrian = d["mondrian"]
         cp.n_classes = int(d["n_classes"])
-        cp.thresholds_ = np.asarray(d["thresholds"], dtype=np.float64)
+        cp.thresholds_ = thresholds
         cp.n_cal_ = d.get("n_cal")
         cp.n_cal_per_class_ = d.get("n_cal_per_class")
         return cp
+
+
+NONCONFORMITY = ("symmetric", "margin")
+
+
+def _is_level(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v < 1.0
+
+
+def _is_bool(v) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_n_classes(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 2
+
+
+def _is_nonconformity(v) -> bool:
+    return v in NONCONFORMITY
+
+
+_EXPECTED = {_is_level: "a level in (0, 1)", _is_bool: "true or false", _is_n_classes: "a whole number >= 2",
+             _is_nonconformity: " or ".join(NONCONFORMITY)}
+
+
+def _check_state(d, checks: dict, kind: str) -> None:
+    """A saved conformal state's scalar entries, each checked by its predicate (one ConformalError)."""
+    if not isinstance(d, dict):
+        raise ConformalError(f"conformal={d!r}: not a saved {kind} conformal state")
+    for key, ok in checks.items():
+        if key not in d:
+            raise ConformalError(f"conformal.{key} is missing: not a saved {kind} conformal state")
+        if not ok(d[key]):
+            raise ConformalError(f"conformal.{key}={d[key]!r}: a saved {kind} state holds {_EXPECTED[ok]}")
+
+
+def _number_list(d: dict, key: str) -> list:
+    """d[key] as a non-empty list of numbers without NaN (one ConformalError otherwise)."""
+    values = d.get(key)
+    if not isinstance(values, list) or not values or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) for v in values):
+        shown = values if len(repr(values)) < 80 else f"{repr(values)[:80]}..."
+        raise ConformalError(f"conformal.{key}={shown}: a saved conformal state holds a non-empty list of "
+                             "numbers, without NaN")
+    return values
 
 
 def acceptance_by_label(y_pred, n_labels: int) -> dict:
@@ -235,9 +286,6 @@ def acceptance_by_label(y_pred, n_labels: int) -> dict:
     counts = np.bincount(yp[yp >= 0], minlength=n_labels)
     return {"accepted_per_label": {str(k): int(c) for k, c in enumerate(counts)},
             "single_label_accepted": bool((counts > 0).sum() == 1)}
-
-
-NONCONFORMITY = ("symmetric", "margin")
 
 
 def nonconformity(values: np.ndarray, labels: np.ndarray, score: str) -> np.ndarray:
@@ -313,7 +361,13 @@ class ReferenceConformal:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ReferenceConformal":
-        """Rebuild a fitted predictor from :meth:`to_dict` output."""
+        """Rebuild a fitted predictor from :meth:`to_dict` output; a state it cannot have produced (a key
+        missing, NaN or unsorted calibration scores, alpha outside (0, 1)) is one ConformalError."""
+        _check_state(d, {"alpha": _is_level, "tie_breaking": _is_bool, "n_classes": _is_n_classes,
+                         "nonconformity": _is_nonconformity}, "reference")
+        scores = np.asarray(_number_list(d, "calibration_scores"), dtype=np.float64)
+        if bool((np.diff(scores) < 0).any()):
+            raise ConformalError("conformal.calibration_scores are not sorted: this state was not written by fit()")
         cp = cls(d["nonconformity"], d["n_classes"], d["tie_breaking"])
-        cp.alpha, cp.calibration_scores_ = float(d["alpha"]), np.asarray(d["calibration_scores"], dtype=np.float64)
+        cp.alpha, cp.calibration_scores_ = float(d["alpha"]), scores
         return cp

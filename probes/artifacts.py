@@ -23,26 +23,24 @@ store or model whose inputs differ from it (weights, tokenizer, template, dtypes
 from __future__ import annotations
 
 import copy
-import fcntl
 import hashlib
-import os
+import importlib
 import re
-from contextlib import contextmanager
 from glob import escape as glob_escape
 from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import get_class
 from omegaconf import OmegaConf
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from evaluation.calibration import ScoreMap
 from evaluation.cells import CellError, atomic_write, read_cell, write_cell
-from evaluation.conformal import ConformalClassifier, ReferenceConformal
+from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal
+from extract.disk import waiting_lock
 from extract.errors import ToolkitError, check_name
-from probes.base import Probe, ProbeError, check_choice
+from probes.base import Probe, ProbeError, as_features, check_choice, check_class_labels, check_rows
 from probes.features import Features
 from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
 
@@ -127,18 +125,9 @@ def _remove_unnamed_heads(cell_file: Path) -> None:
             f.unlink(missing_ok=True)
 
 
-@contextmanager
 def _cell_lock(cell_file: Path):
-    try:
-        fd = os.open(cell_file.with_name(f".{cell_file.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise CellError(f"cannot write in {cell_file.parent} ({err.strerror or err}): free space or choose another "
-                        "output folder") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return waiting_lock(cell_file.with_name(f".{cell_file.name}.lock"), lambda err: CellError(
+        f"cannot write in {cell_file.parent} ({err.strerror or err}): free space or choose another output folder"))
 
 
 def read_heads(cell_file: Path, cell: dict) -> dict[str, torch.Tensor]:
@@ -174,9 +163,10 @@ def build_probe(spec: dict, accelerator: str = "auto") -> Probe:
     Probe class of this package, the other keys (except `name`) are its constructor arguments."""
     options = {k: v for k, v in spec.items() if k not in ("name", "_target_")}
     target = str(spec.get("_target_", ""))
-    cls = get_class(target) if target.startswith("probes.") else None
-    if not (isinstance(cls, type) and issubclass(cls, Probe)):
-        raise ProbeError(f"probe._target_={target!r}: a probe class of this toolkit (probes.*) is required")
+    cls, why = _probe_class(target)
+    if cls is None:
+        raise ProbeError(f"probe._target_={target!r}{why}: a probe class of this toolkit (probes.*, e.g. "
+                         "probes.linear.LinearProbe) is required")
     nested = [k for k, v in options.items() if isinstance(v, dict)]
     if nested:
         raise ProbeError(f"probe.{nested[0]}: probe options are plain values or lists, not nested groups; remove it")
@@ -186,15 +176,20 @@ def build_probe(spec: dict, accelerator: str = "auto") -> Probe:
         raise ProbeError(f"probe={spec.get('name', target)}: {err}") from None
 
 
-def as_features(X) -> Features:
-    """Features from statement vectors [n, d] (numpy or torch), `(tokens [T, d], offsets [n+1])` bags,
-    or Features (returned as they are)."""
-    if isinstance(X, Features):
-        return X
-    if isinstance(X, tuple):
-        tokens, offsets = (torch.as_tensor(np.asarray(a)) for a in X)
-        return Features(tokens.float(), offsets.long())
-    return Features(torch.as_tensor(np.asarray(X, dtype=np.float32)))
+def _probe_class(target: str) -> tuple[type | None, str]:
+    """The Probe subclass `target` names (a dotted path under probes.), or (None, why not)."""
+    module, _, name = target.rpartition(".")
+    if not (module == "probes" or module.startswith("probes.")):
+        return None, ""
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError as err:
+        return None, f" cannot be imported ({err})"
+    except AttributeError:
+        return None, f" does not exist (no {name} in {module})"
+    if not (isinstance(cls, type) and issubclass(cls, Probe)):
+        return None, f" is a {type(cls).__name__}, not a Probe class"
+    return cls, ""
 
 
 class FittedProbe:
@@ -207,6 +202,10 @@ class FittedProbe:
     conformal   the calibrated ConformalClassifier (LAC) or ReferenceConformal
     layer, store   the layer it reads and the summary of the store it was fitted on (None / {} if unknown)
     cell        the result cell it was loaded from (None for a probe fitted in this process)
+    n_features  d, the width of the vectors its heads read (None if they do not say)
+
+    Inputs are checked before any head runs: two dimensions, d columns, finite numbers (a NaN row is
+    refused, never scored as an abstention), token bags for a probe that reads bags.
     """
 
     def __init__(self, spec: dict, heads: list[Probe], calibration: dict, conformal, layer: int | None = None,
@@ -216,11 +215,24 @@ class FittedProbe:
         self.score_map = ScoreMap.from_dict(calibration["map"])
         self.representation, self.tokens = heads[0].representation, heads[0].tokens
         self.procedure = "reference" if isinstance(conformal, ReferenceConformal) else "lac"
+        self.n_features = heads[0].n_features_in_
 
     def decision_function(self, X) -> np.ndarray:
         """float [n, heads]: one score per head (one head for binary tasks, one per class for multiclass)."""
-        data = as_features(X)
+        data = self._checked(X)
         return np.stack([np.asarray(h.decision_function(data), dtype=np.float64) for h in self.heads], axis=1)
+
+    def _checked(self, X) -> Features:
+        """X as Features, refused in one ProbeError unless this probe can score it."""
+        data = as_features(X)
+        if self.representation == "bags" and not data.is_bags:
+            raise ProbeError("X: this probe reads token bags: give (tokens [T, d], offsets [n+1]), e.g. "
+                             "store.bags(layer)")
+        if self.n_features is not None and data.X.shape[1] != self.n_features:
+            where = f"layer {self.layer}'s" if self.layer is not None else "its layer's"
+            raise ProbeError(f"X has {data.X.shape[1]} columns but the probe reads {self.n_features}: give "
+                             f"{where} vectors of the model it was fitted on")
+        return data
 
     def predict_proba(self, X) -> np.ndarray:
         """float [n, K] class probabilities (K = 2 for binary tasks)."""
@@ -277,7 +289,10 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     The heads are fitted on `train`; the score map on their out-of-fold training scores
     (calibration="out_of_fold", `calibration_folds` grouped folds; "in_sample": on the final heads'
     training scores); conformal sets (lac, or the reference code's p-values) on `cal` at level `alpha`.
-    layer / store (an ActivationStore): recorded with the probe."""
+    layer / store (an ActivationStore): recorded with the probe.
+    Every argument is checked before any fit, as one ProbeError naming it: X [n, d] of finite numbers
+    (bags for samil, their offsets cutting the tokens into n bags), y and groups with n entries, train /
+    cal non-empty whole row numbers in 0..n-1 that share no row."""
     if isinstance(probe, str):
         from extract.config import compose_config  # Hydra composition, only for a probe given by name
 
@@ -287,14 +302,31 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
         spec = {**probe, **options}
     check_choice("calibration", calibration, CALIBRATIONS)
     check_choice("conformal.name", conformal, CONFORMAL)
+    if calibration == "out_of_fold" and (isinstance(calibration_folds, bool) or
+                                         not isinstance(calibration_folds, (int, np.integer)) or calibration_folds < 2):
+        raise ProbeError(f"calibration_folds={calibration_folds!r}: use a whole number >= 2")
+    template = build_probe(spec, accelerator)
     features = as_features(X)
+    if template.representation == "bags" and not features.is_bags:
+        raise ProbeError(f"X: probe {spec.get('name', spec.get('_target_'))} reads token bags: give "
+                         "(tokens [T, d], offsets [n+1]), e.g. store.bags(layer)")
+    n = len(features)
+    labels = check_class_labels(y, n)
     if groups is not None:
-        features = Features(features.X, features.offsets, np.asarray(groups))
-    labels, train, cal = (np.asarray(a, dtype=np.int64) for a in (y, train, cal))
+        groups = np.asarray(groups)
+        if groups.ndim != 1 or len(groups) != n:
+            raise ProbeError(f"groups has shape {tuple(groups.shape)} for X's {n} statements: give one group per "
+                             "row of X (or groups=None)")
+        features = Features(features.X, features.offsets, groups)
+    train, cal = check_rows(train, n, "train"), check_rows(cal, n, "cal")
+    shared = np.intersect1d(train, cal)
+    if shared.size:
+        raise ProbeError(f"train and cal share {shared.size} row(s) (e.g. {shared[0]}): calibrate on rows held out "
+                         "from training, or the conformal sets lose their guarantee")
     classes = classes or ([1] if labels.max() <= 1 else list(range(int(labels.max()) + 1)))
     target = labels if len(classes) > 1 else (labels == classes[0]).astype(np.int64)
     folds = int(calibration_folds) if calibration == "out_of_fold" else 0
-    bank = HeadBank(build_probe(spec, accelerator), features, labels, train, folds, int(seed))
+    bank = HeadBank(template, features, labels, train, folds, int(seed))
     heads, scores = [bank.head(c) for c in classes], bank.scores(classes)
     oof = bank.out_of_fold(classes) if calibration == "out_of_fold" else None
     _, predictor, summary = calibrate(scores, target, train, cal, oof, len(bank.folds), calibration, alpha,
@@ -311,7 +343,10 @@ def cell_of_heads(path: Path) -> Path:
 
 
 def load_probe(path) -> FittedProbe:
-    """The fitted probe of a result cell; `path` is the cell's .json or its .probe.safetensors."""
+    """The fitted probe of a result cell; `path` is the cell's .json or its .probe.safetensors. Anything
+    in the pair that cannot make a working probe (a block missing, heads of another shape or width than
+    the cell records, NaN weights or thresholds, a `_target_` that is no probe class) is one CellError
+    naming the cell, never a traceback or a probe that silently abstains."""
     cell_file = cell_of_heads(Path(path))
     cell = read_cell(cell_file)
     try:
@@ -319,20 +354,77 @@ def load_probe(path) -> FittedProbe:
     except CellError:   # a writer may have replaced the pair between the two reads: read the new one
         cell = read_cell(cell_file)
         tensors = read_heads(cell_file, cell)
-    spec = cell["config"]["probe"]
     try:
-        template = build_probe(spec, accelerator="cpu")
-    except ProbeError as err:
-        raise CellError(f"{cell_file}: {err}") from None
+        return _probe_of_cell(cell, tensors)
+    except ToolkitError as err:
+        raise CellError(f"{cell_file}: {err}; rerun the command that wrote it (train_probe overwrite=true)") from None
+
+
+def _probe_of_cell(cell: dict, tensors: dict[str, torch.Tensor]) -> FittedProbe:
+    """The FittedProbe of a cell and its (hash-checked) heads' tensors, every block checked."""
+    missing = [k for k in ("probe_params", "calibration", "conformal", "layer") if k not in cell]
+    spec = cell["config"].get("probe") if isinstance(cell["config"], dict) else None
+    if missing or not isinstance(spec, dict):
+        raise CellError(f"no {'config.probe' if not isinstance(spec, dict) else missing[0]} block (not a cell of "
+                        "a saved probe, or edited by hand)")
+    template = build_probe(spec, accelerator="cpu")
+    params = cell["probe_params"]
+    if not isinstance(params, dict) or not params or not all(isinstance(v, dict) for v in params.values()):
+        raise CellError("probe_params is not one {option: value} block per head")
+    by_head: dict[int, dict] = {}
+    for key, tensor in tensors.items():
+        match = re.fullmatch(r"head(\d+)\.(.+)", key)
+        if match is None:
+            raise CellError(f"its heads file holds a tensor {key!r}, not head<i>.<name>")
+        by_head.setdefault(int(match.group(1)), {})[match.group(2)] = tensor
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CellError(f"its heads file holds NaN or inf in {key}")
+    if sorted(by_head) != list(range(len(params))):
+        raise CellError(f"its heads file holds {len(by_head)} head(s), probe_params {len(params)}")
     heads = []
-    for i, params in enumerate(cell["probe_params"].values()):
-        head = copy.deepcopy(template)
-        state = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"head{i}.")}
+    for i, head_params in enumerate(params.values()):
+        head, state = copy.deepcopy(template), dict(by_head[i])
         if "_extra_state" in head.state_dict():
-            state["_extra_state"] = {"params": params}
-        head.load_state_dict(state)
+            state["_extra_state"] = {"params": head_params}
+        try:
+            head.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CellError(f"head {i} does not fit probe {spec.get('name', spec.get('_target_'))} "
+                            f"({' '.join(str(err).split())[:300]})") from None
         heads.append(head.eval())
+    widths = {h.n_features_in_ for h in heads}
+    hidden = (cell.get("store") or {}).get("hidden_size")
+    if len(widths) > 1 or (hidden is not None and widths != {hidden} and widths != {None}):
+        raise CellError(f"its heads read vectors of width {sorted(w for w in widths if w)}, but the store it "
+                        f"records has hidden_size {hidden}")
     conformal = cell["conformal"]
-    kind = ReferenceConformal if "calibration_scores" in conformal else ConformalClassifier
-    return FittedProbe(spec, heads, cell["calibration"], kind.from_dict(conformal), cell["layer"], cell.get("store"),
-                       cell)
+    kind = ReferenceConformal if isinstance(conformal, dict) and "calibration_scores" in conformal else \
+        ConformalClassifier
+    try:
+        probe = FittedProbe(spec, heads, cell["calibration"], kind.from_dict(conformal), cell["layer"],
+                            cell.get("store"), cell)
+    except ConformalError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise CellError(f"its calibration block is not a score map ({type(err).__name__}: {err})") from None
+    _check_scores(probe)
+    return probe
+
+
+def _check_scores(probe: FittedProbe) -> None:
+    """One zero statement through the whole probe: heads, score map and conformal sets must run and give
+    finite numbers (what a hash cannot vouch for in a hand-made pair)."""
+    d = probe.n_features or (probe.store or {}).get("hidden_size")
+    if d is None:
+        return
+    X = np.zeros((1, int(d)), dtype=np.float32)
+    try:
+        out = probe.score((X, np.array([0, 1])) if probe.representation == "bags" else X)
+        probs = out["probs"]
+    except ToolkitError:
+        raise
+    except Exception as err:   # whatever a crafted head or map makes torch / numpy raise
+        raise CellError(f"its probe cannot score a vector of width {d} ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    if not (np.isfinite(out["scores"]).all() and np.isfinite(probs).all()):
+        raise CellError("its probe gives NaN or inf scores or probabilities (NaN in the score map?)")

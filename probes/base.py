@@ -9,6 +9,9 @@ A probe is a LightningModule with three methods:
 Calibration, conformal abstention and metrics are computed from the scores by shared code
 (evaluation/, driven by probes/pipeline.py), never inside a probe. Probes trained by gradient descent run a
 `lightning.Trainer` inside `fit`; `accelerator` ("auto", "cpu", "gpu") chooses the device.
+
+The Python API's inputs (arrays from any tool) are checked here, at its edge (`as_features`,
+`check_rows`, `check_class_labels`): one ProbeError naming the argument, never a torch traceback.
 """
 from __future__ import annotations
 
@@ -69,6 +72,16 @@ class Probe(L.LightningModule):
 
     def params(self) -> dict:
         return dict(getattr(self, "_params", {}))
+
+    @property
+    def n_features_in_(self) -> int | None:
+        """d, the width of the vectors a fitted probe reads: the length of its fitted standardiser
+        (`mean`), direction or coefficients; None before fit (or for a probe holding none of them)."""
+        for name in ("mean", "direction", "coef", "weight"):
+            tensor = getattr(self, name, None)
+            if isinstance(tensor, torch.Tensor) and tensor.ndim == 1 and tensor.numel() > 0:
+                return int(tensor.numel())
+        return None
 
     def get_extra_state(self):
         return {"params": self.params()}
@@ -260,3 +273,87 @@ class FullBatch(Dataset):
 
     def __getitem__(self, i):
         return self.tensors
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs of the Python API (fit_probe, FittedProbe), checked at its edge: one ProbeError naming the
+# argument and the fix, never a failure deep inside torch
+# ----------------------------------------------------------------------------------------------
+def as_features(X, what: str = "X") -> Features:
+    """Features from statement vectors [n, d] (numpy or torch), `(tokens [T, d], offsets [n+1])` bags,
+    or Features, checked at the API's edge (one ProbeError naming `what` and the fix): two dimensions,
+    finite numbers only, offsets that cut the tokens into n bags."""
+    if isinstance(X, Features):
+        data = X
+    elif isinstance(X, tuple):
+        if len(X) != 2:
+            raise ProbeError(f"{what} is a tuple of {len(X)}: give statement vectors [n, d], or token bags as "
+                             "(tokens [T, d], offsets [n+1])")
+        tokens, offsets = _float_array(X[0], f"{what}'s tokens"), np.asarray(X[1])
+        data = Features(torch.as_tensor(tokens), torch.as_tensor(_offsets(offsets, len(tokens), what)))
+    else:
+        data = Features(torch.as_tensor(_float_array(X, what)))
+    _check_finite(data, what)
+    return data
+
+
+def _float_array(X, what: str) -> np.ndarray:
+    """float32 [n, d] from an array-like, or a ProbeError naming `what`."""
+    try:
+        array = np.asarray(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float32)
+    except (TypeError, ValueError) as err:
+        raise ProbeError(f"{what} is not an array of numbers ({err}): give statement vectors [n, d]") from None
+    if array.ndim != 2:
+        fix = "; one statement is X[None, :]" if array.ndim == 1 else ""
+        raise ProbeError(f"{what} has shape {tuple(array.shape)}: give statement vectors [n, d] (one row per "
+                         f"statement){fix}")
+    return array
+
+
+def _offsets(offsets: np.ndarray, n_tokens: int, what: str) -> np.ndarray:
+    """int64 [n+1] offsets that start at 0, never decrease and end at the token count, or a ProbeError."""
+    fix = f"offsets [n+1] must start at 0, never decrease and end at {n_tokens} (the tokens' rows)"
+    if offsets.ndim != 1 or len(offsets) < 2 or not np.issubdtype(offsets.dtype, np.integer):
+        raise ProbeError(f"{what}'s offsets have shape {tuple(offsets.shape)} and dtype {offsets.dtype}: {fix}, "
+                         "as whole numbers")
+    offsets = offsets.astype(np.int64)
+    if offsets[0] != 0 or offsets[-1] != n_tokens or bool((np.diff(offsets) < 0).any()):
+        bad = "decrease" if bool((np.diff(offsets) < 0).any()) else f"run from {offsets[0]} to {offsets[-1]}"
+        raise ProbeError(f"{what}'s offsets {bad}: {fix}")
+    return offsets
+
+
+def _check_finite(data: Features, what: str) -> None:
+    finite = torch.isfinite(data.X).all(dim=1) if data.X.ndim == 2 else torch.isfinite(data.X)
+    if not bool(finite.all()):
+        rows = torch.nonzero(~finite).flatten()
+        if data.is_bags:   # the statements that own those token rows
+            rows = torch.unique(torch.searchsorted(data.offsets, rows, right=True) - 1)
+        shown = ", ".join(str(int(r)) for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+        raise ProbeError(f"{what} holds NaN or inf in {len(rows)} statement(s) (rows {shown}): a probe scores "
+                         "finite vectors only; drop those rows or re-extract them")
+
+
+def check_rows(rows, n: int, what: str) -> np.ndarray:
+    """int64 positions into n statements, or a ProbeError naming `what`."""
+    array = np.asarray(rows)
+    if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+        raise ProbeError(f"{what} must be a non-empty list of whole row numbers into X (got shape "
+                         f"{tuple(array.shape)}, dtype {array.dtype})")
+    if array.min() < 0 or array.max() >= n:
+        bad = int(array.min()) if array.min() < 0 else int(array.max())
+        raise ProbeError(f"{what} holds row {bad}, outside X's {n} statements: give positions 0..{n - 1}")
+    return array.astype(np.int64)
+
+
+def check_class_labels(y, n: int) -> np.ndarray:
+    """int64 [n] labels (whole numbers >= 0), or a ProbeError."""
+    labels = np.asarray(y)
+    if labels.ndim != 1 or len(labels) != n:
+        raise ProbeError(f"y has shape {tuple(labels.shape)} for X's {n} statements: give one label per row of X")
+    values = labels.astype(np.float64) if labels.dtype == bool or np.issubdtype(labels.dtype, np.number) else None
+    if values is None or not bool(np.isfinite(values).all()) or bool((values != np.round(values)).any()) \
+            or values.min(initial=0) < 0:
+        raise ProbeError("y must hold whole-number labels >= 0 (the store's 0 false / 1 true / 2 neither, or any "
+                         "0..K-1 coding)")
+    return labels.astype(np.int64)

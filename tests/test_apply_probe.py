@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apply_probe import apply_to_statements, apply_to_store
+from apply_probe import apply, apply_to_statements, apply_to_store, hydra_arguments
 from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
@@ -167,6 +167,40 @@ def test_text_scores_statements_like_the_store(dirs, capsys):
     np.testing.assert_allclose(got, expected, atol=1e-6)
     path = apply_to_statements(cells["true_vs_all"], ["Paris is a city in France."], root / "s", root / "results")
     assert json.loads(path.read_text())["classes"] == ["not true", "true"]
+
+
+def compose_apply(*args: str):
+    """The config `python -m apply_probe args` runs with (probe= / text= / csv= quoted as the CLI does)."""
+    return compose_config("apply_probe", *hydra_arguments(list(args)))
+
+
+def test_text_is_data_never_interpolated(dirs, tmp_path, monkeypatch, capsys):
+    """`${oc.env:SECRET_TOKEN}` in text= used to be scored and saved as the variable's value, and an unset
+    variable crashed: user text is scored as the characters written."""
+    root, cells = dirs
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2-do-not-leak")
+    monkeypatch.delenv("TRUTHPROBE_UNSET_VARIABLE", raising=False)
+    base = (f"probe={cells['true_vs_all']}", f"store_dir={root / 's'}", f"results_dir={tmp_path / 'results'}")
+    for text, expected in [("${oc.env:SECRET_TOKEN}", ["${oc.env:SECRET_TOKEN}"]),
+                           ("['${oc.env:SECRET_TOKEN}', 'Paris is in ${oc.env:TRUTHPROBE_UNSET_VARIABLE}.']",
+                            ["${oc.env:SECRET_TOKEN}", "Paris is in ${oc.env:TRUTHPROBE_UNSET_VARIABLE}."])]:
+        path = apply(compose_apply(*base, f"text={text}"))
+        saved = json.loads(path.read_text())
+        assert [s["statement"] for s in saved["statements"]] == expected
+        assert "hunter2" not in path.read_text()
+    assert "hunter2" not in capsys.readouterr().out
+
+
+def test_a_csv_path_with_spaces_gets_a_safe_default_name(dirs, tmp_path):
+    """csv='my statements.csv' used to be refused as a bad name=: only the output name is one path
+    component, derived from the file's stem (my_statements)."""
+    root, cells = dirs
+    csv = tmp_path / "my statements.csv"
+    pd.DataFrame({"statement": ["Paris is a city in France.", "Rome is a city in Peru."]}).to_csv(csv, index=False)
+    path = apply(compose_apply(f"probe={cells['true_vs_all']}", f"csv={csv}", f"store_dir={root / 's'}",
+                               f"results_dir={tmp_path / 'results'}"))
+    assert path.name.startswith("my_statements.cities_a.mean_diff.true_vs_all.")
+    assert len(json.loads(path.read_text())["statements"]) == 2
 
 
 def test_fit_probe_fits_and_calibrates_as_train_probe(dirs):
