@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import hydra
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -36,7 +35,7 @@ from evaluation.metrics import resampling_groups
 from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
-from extract.errors import ToolkitError, check_count, check_name, run_entry
+from extract.errors import ToolkitError, check_count, check_name, hydra_main, run_entry
 from extract.on_the_fly import extract_statements, model_attrs, store_model
 from extract.schema import typed_options
 from extract.statements import LABELS
@@ -265,7 +264,7 @@ def hydra_arguments(args: list[str]) -> list[str]:
     return out
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="apply_probe")
+@hydra_main(config_path="conf", config_name="apply_probe")
 def main(cfg: DictConfig) -> None:
     run_entry(apply, cfg, log=log)
 

@@ -1,16 +1,15 @@
 """`python -m train_probe probe=... task=... layer=...`: compose the config, train, write result cells."""
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
-from extract.errors import run_entry
+from extract.errors import hydra_main, run_entry
 from probes.pipeline import train_probes
 
 log = logging.getLogger("train_probe")
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train_probe")
+@hydra_main(config_path="conf", config_name="train_probe")
 def main(cfg: DictConfig) -> None:
     paths = run_entry(train_probes, cfg, log=log)
     if paths is not None:

@@ -1,16 +1,15 @@
 """`python -m extract model=... data=...`: compose the config, run one extraction."""
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
-from extract.errors import run_entry
+from extract.errors import hydra_main, run_entry
 from extract.run import extract
 
 log = logging.getLogger("extract")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="extract")
+@hydra_main(config_path="../conf", config_name="extract")
 def main(cfg: DictConfig) -> None:
     path = run_entry(extract, cfg, log=log)
     if path is not None:

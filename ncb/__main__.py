@@ -2,16 +2,15 @@
 NCB and the stress tests of one method."""
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
-from extract.errors import run_entry
+from extract.errors import hydra_main, run_entry
 from ncb.run import run
 
 log = logging.getLogger("ncb")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="ncb")
+@hydra_main(config_path="../conf", config_name="ncb")
 def main(cfg: DictConfig) -> None:
     paths = run_entry(run, cfg, log=log)
     if paths is not None:

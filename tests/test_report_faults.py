@@ -227,6 +227,15 @@ def test_hydra_errors_and_callback_overrides_are_one_line(one_quarter, tmp_path)
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.parametrize("module", ["extract", "train_probe", "apply_probe", "zero_shot", "truthfulqa", "ncb"])
+def test_every_entry_point_prints_hydra_errors_and_refuses_callbacks_in_one_line(module, tmp_path):
+    done = run_module(module, "model=nonexistent", cwd=tmp_path)
+    assert_one_error_line(done, "nonexistent")   # apply_probe has no model group: another Hydra error, one line
+    assert "Config search path" not in done.stderr and "HYDRA_FULL_ERROR" not in done.stderr
+    done = run_module(module, "+hydra.callbacks.x._target_=builtins.print", cwd=tmp_path)
+    assert_one_error_line(done, "Hydra callbacks cannot be set")
+
+
 def test_hydra_error_line_joins_the_options():
     from hydra.errors import MissingConfigException
 

@@ -2,16 +2,15 @@
 TruthfulQA choice, write the MC1 / MC2 result JSON and print both with their intervals."""
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
-from extract.errors import run_entry
+from extract.errors import hydra_main, run_entry
 from truthfulqa.run import run
 
 log = logging.getLogger("truthfulqa")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="truthfulqa")
+@hydra_main(config_path="../conf", config_name="truthfulqa")
 def main(cfg: DictConfig) -> None:
     run_entry(run, cfg, log=log)
 

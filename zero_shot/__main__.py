@@ -2,16 +2,15 @@
 statements (or load saved scores) and write the zero-shot result cells."""
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
-from extract.errors import run_entry
+from extract.errors import hydra_main, run_entry
 from zero_shot.run import run
 
 log = logging.getLogger("zero_shot")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="zero_shot")
+@hydra_main(config_path="../conf", config_name="zero_shot")
 def main(cfg: DictConfig) -> None:
     paths = run_entry(run, cfg, log=log)
     if paths is not None:
