@@ -405,3 +405,17 @@ def test_ncb_zero_shot_resumes_after_sigkill_bit_identical(mini_pack, tmp_path):
     assert a["results"] == b["results"] and a["counts"] == b["counts"]
     za, zb = (np.load(tmp_path / d / out / "stress_scores.npz") for d in "ab")
     np.testing.assert_array_equal(za["scores"], zb["scores"])
+
+
+# --------------------------------------------------------------------- zero_shot options
+@pytest.mark.parametrize("override, needle", [("overwrite=maybe", "overwrite"), ("evaluate=perhaps", "evaluate"),
+                                              ("batch_size=abc", "batch_size"), ("batch_size=0", "batch_size"),
+                                              ("alpha=2", "alpha"), ("rows=some", "rows="),
+                                              ("bootstrap=blocks", "bootstrap="), ("enumeration=bogus", "bogus")])
+def test_zero_shot_options_are_refused_in_one_line_before_any_work(tmp_path, override, needle):
+    from extract.config import compose_config
+    from zero_shot.run import run
+
+    with pytest.raises(ToolkitError, match=needle) as err:
+        run(compose_config("zero_shot", "model=tiny", f"results_dir={tmp_path / 'r'}", override))
+    assert "\n" not in str(err.value) and not (tmp_path / "r").exists()

@@ -55,7 +55,7 @@ from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_count
 from extract.statements import DATA_DIR, FALSE, NEITHER, TRUE
-from zero_shot.prompts import get_enumeration
+from zero_shot.schema import validate
 from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores, load_table
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ def run(cfg: DictConfig) -> list[Path]:
     """`python -m zero_shot`: compute (or resume, or reuse) the scores, then write the cells;
     with `scores=...` evaluate those files instead of running the model. Existing cells are kept
     (nothing is scored when every requested cell exists) unless overwrite=true."""
-    get_enumeration(cfg.enumeration)
+    cfg = validate(cfg)   # types and ranges of every option, before any work
     modes, tasks = _modes_tasks(cfg)
     existing = [zero_shot_cell_path(cfg, m, t) for t in tasks for m in modes]
     if cfg.get("evaluate", True) and not cfg.overwrite and all(p.exists() for p in existing):
