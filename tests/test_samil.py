@@ -305,3 +305,48 @@ def test_merged_duplicates_same_solution():
     P1_fast = hinge_objective(Z, y1, c1, m.stage1_coef_, m.stage1_intercept_, rho1)
     assert abs(P1_fast - full1.objective) <= 1e-6 * full1.objective
     assert P1_fast == pytest.approx(m.fit_info_["stage1"]["objective"], rel=1e-10)
+
+
+def test_warm_started_svm_same_optimum():
+    """A warm start (the solution at a neighbouring C, or a perturbed one) lands on the cold
+    solve's optimum, to the certificate; a useless warm start (w = 0) still converges."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(3000, 24))
+    y = (X[:, 0] + 0.7 * rng.normal(size=3000) > 0.3).astype(float)
+    c = rng.uniform(0.5, 1.5, size=3000) * 1e-2
+    prev = fit_linear_svm(X, y, 0.3 * c)
+    for w0, b0 in ((prev.coef, prev.intercept), (prev.coef * 1.3, prev.intercept - 0.2),
+                   (torch.zeros(24, dtype=torch.float64), 0.0)):
+        cold = fit_linear_svm(X, y, c)
+        warm = fit_linear_svm(X, y, c, w0=w0, b0=b0, warm=True)
+        assert warm.converged and warm.duality_gap <= 1e-6 * warm.objective
+        assert abs(warm.objective - cold.objective) <= 1e-6 * cold.objective
+        assert abs(hinge_objective(X, y, c, warm.coef, warm.intercept) - warm.objective) <= 1e-12 * warm.objective
+        assert float((warm.coef - cold.coef).norm()) <= 1e-2 * float(cold.coef.norm())
+
+
+def test_warm_cv_equals_cold_cv():
+    """C by grouped CV with warm starts (the full split along the grid, the folds from it, the
+    final fit reused) == every fit from zero: the same chosen C, the same certified objective of
+    every (fold, C) fit in both stages, and the same final model to the solver's tolerance."""
+    X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
+    train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
+    probes = {w: SAwMILProbe(accelerator="cpu", warm_cv=w, Cs=(1.0, 10.0, 100.0)).fit(train, y)
+              for w in (False, True)}
+    cold, warm = probes[False], probes[True]
+    assert cold.params()["C"] == warm.params()["C"]
+    tol = 1e-6
+    cold_fits = {(r["fold"], r["C"]): r for r in cold.cv_fits_}
+    warm_fits = {(r["fold"], r["C"]): r for r in warm.cv_fits_ if r["fold"] is not None}
+    assert cold_fits.keys() == warm_fits.keys() and len(cold_fits) == 9
+    for key, rc in cold_fits.items():
+        rw = warm_fits[key]
+        for st in ("stage1", "stage3"):
+            assert rc[f"{st}_converged"] and rw[f"{st}_converged"]
+            P = rc[f"{st}_objective"]
+            assert rw[f"{st}_duality_gap"] <= tol * rw[f"{st}_objective"]
+            assert abs(rw[f"{st}_objective"] - P) <= 2 * tol * P, (key, st)
+    for C in cold.params()["cv_auroc"]:
+        assert warm.params()["cv_auroc"][C] == pytest.approx(cold.params()["cv_auroc"][C], abs=2e-3)
+    s_cold, s_warm = cold.decision_function(train), warm.decision_function(train)
+    assert np.abs(s_cold - s_warm).max() <= 1e-2 * np.abs(s_cold).max()

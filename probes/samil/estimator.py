@@ -177,23 +177,27 @@ class SAwMIL(BaseEstimator):
         return X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
 
     # -- fitting -----------------------------------------------------------------
-    def fit(self, X, offsets, y, candidates=None) -> "SAwMIL":
+    def fit(self, X, offsets, y, candidates=None, warm_start=None) -> "SAwMIL":
         """Fit the three stages.
 
         ``X [T, d]`` float, ``offsets [N+1]`` int64, ``y [N]`` in {0,1} (or {-1,+1}),
         ``candidates [T]`` bool or None (None: last ``k`` tokens of every bag).
+        ``warm_start``: ``((w1 [d], b1), (w3 [d], b3))``, the stage-1 and stage-3 models of a
+        neighbouring fit in the coordinates of this ``X`` (another C, another fold): each stage's
+        solver starts from it (stage 1: `fit_linear_svm(warm=True)`, stage 3: its smoothing levels from
+        ``w0``); the stopping rule (certified duality gap) is the same, so only the work changes.
         """
         self.check_params()
         prev_threads = torch.get_num_threads()
         if self.num_threads:
             torch.set_num_threads(int(self.num_threads))
         try:
-            return self._fit(X, offsets, y, candidates)
+            return self._fit(X, offsets, y, candidates, warm_start)
         finally:
             if self.num_threads:
                 torch.set_num_threads(prev_threads)
 
-    def _fit(self, X, offsets, y, candidates) -> "SAwMIL":
+    def _fit(self, X, offsets, y, candidates, warm_start=None) -> "SAwMIL":
         t_start = time.perf_counter()
         dev = self._device(X)
         X = as_tensor(X, device=dev)
@@ -225,6 +229,15 @@ class SAwMIL(BaseEstimator):
         L_neg = T - L_pos
         N_pos = int(ypos.sum())
         solver_kw = dict(tol=float(self.tol), max_iter=int(self.max_iter), device=dev)
+
+        def warm(stage):
+            # stage 1 (the same rows and labels as its neighbour): the interior point first, on the
+            # examples near the neighbour's margin; stage 3 (its labels follow stage 1, so the
+            # neighbour is a rougher guess): the smoothing levels start from it (measured faster)
+            if warm_start is None:
+                return {}
+            w0, b0 = warm_start[stage]
+            return dict(w0=as_tensor(w0, torch.float64, dev), b0=float(b0), warm=stage == 0)
         # identical tokens (shared prefixes) are one row of the SVMs, their C summed: the same
         # objective for every (w, b), so the same optimum and certificate, on fewer rows
         rows, inv = unique_rows(X)                     # [U], [T]
@@ -245,7 +258,7 @@ class SAwMIL(BaseEstimator):
         c1 = torch.cat([(float(self.C) / L_neg) * neg_count[neg_groups].to(torch.float64),
                         torch.full((N_pos,), float(self.C) / N_pos, dtype=torch.float64, device=dev)])
         rho1 = torch.cat([torch.ones(n_neg, dtype=torch.float64, device=dev), (2.0 - pos_len) / pos_len])
-        r1 = fit_linear_svm(Z, y1, c1, rho1, **solver_kw)
+        r1 = fit_linear_svm(Z, y1, c1, rho1, **solver_kw, **warm(0))
         del Z, means
         self.stage1_coef_ = r1.coef
         self.stage1_intercept_ = r1.intercept
@@ -297,7 +310,7 @@ class SAwMIL(BaseEstimator):
         keys, key_inv = torch.unique(2 * inv + self.instance_labels_.long(), return_inverse=True)
         c3_k = torch.zeros(keys.numel(), dtype=torch.float64, device=dev).index_add_(0, key_inv, c3_i)
         y3_k = torch.where(keys % 2 == 1, 1.0, -1.0).to(torch.float64)
-        r3 = fit_linear_svm(Xu.index_select(0, keys // 2), y3_k, c3_k, None, **solver_kw)
+        r3 = fit_linear_svm(Xu.index_select(0, keys // 2), y3_k, c3_k, None, **solver_kw, **warm(1))
         self.coef_ = r3.coef
         self.intercept_ = r3.intercept
         self.degenerate_ = bool(float(r3.coef.norm()) <= DEGENERATE_NORM)

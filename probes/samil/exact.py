@@ -195,7 +195,8 @@ def pcg(apply, L, rhs, tol: float = 1e-10, max_iter: int = 25):
     return None
 
 
-def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int = 60):
+def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int = 60,
+                   gap_rel: float | None = None, p_const: float = 0.0):
     """Primal-dual interior point method (Mehrotra predictor-corrector) for::
 
         min_{w,b,xi} 0.5||w||^2 - g_w.w - g_b b + sum_i c_i xi_i
@@ -208,6 +209,9 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     conjugate gradients on the exact (float64, implicit, ``O(n d)`` a product) system,
     preconditioned with `normal_matrix` (precise) -- and, if that does not converge, with the
     full float64 matrix.
+    Stops when the complementarity ``a.r + s.xi <= gap_target`` (with ``gap_rel``: ``<= gap_rel``
+    times the current primal objective ``0.5||w||^2 - g_w.w - g_b b + c.xi + p_const``, ``p_const``
+    the fixed examples' constant, so the target follows the problem's own scale).
     Returns ``(w, b, alpha [n], iterations)``.
     """
     n, d = X.shape
@@ -234,6 +238,8 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
                   abs(R2) / (1.0 + abs(gb) + float(c.sum())),
                   float(R3.abs().max()) / (1.0 + float(c.max())),
                   float(R4.abs().max()) / (1.0 + float(rho.abs().max())))
+        if gap_rel is not None:
+            gap_target = gap_rel * max(abs(float(0.5 * (w @ w) - gw @ w) - gb * b + float(c @ xi) + p_const), 1e-12)
         if comp <= gap_target and res <= 1e-8:
             break   # (the certificate is exact whatever the residual; ill-conditioned late steps can raise it)
         D = 1.0 / (xi / s + r / a)
@@ -313,8 +319,46 @@ def on_all_rows(n: int, d: int, band_n: int) -> bool:
     return n <= IPM_FULL_N or working_set_size(n, d, band_n) > 0.6 * n
 
 
+WARM_BAND = 1.0      # warm start: examples with |u| below this join the interior point's first set
+COLD_BAND = 0.3      # the same after the smoothing levels of a cold start (around u = mu/2)
+
+
+def feasible_set(ws, at_c, u, y, c):
+    """``ws`` grown (by the examples nearest the margin, doubling) until the examples held at
+    ``alpha = c`` outside it leave ``sum alpha_i y_i = 0`` strictly feasible inside it (all of them
+    when that takes most of the examples)."""
+    n = u.numel()
+    order = torch.argsort(u.abs())
+    k = int(ws.sum())
+    while k <= 0.6 * n:
+        g_b = float(torch.where(~ws & at_c, c * y, torch.zeros_like(c)).sum())
+        cw = torch.where(ws, c, torch.zeros_like(c))
+        c_pos, c_neg = float(cw[y > 0].sum()), float(cw[y < 0].sum())
+        if -0.9 * c_pos < g_b < 0.9 * c_neg:           # sum_ws alpha_i y_i = -g_b, 0 <= alpha <= c
+            return ws
+        k *= 2
+        ws = ws.clone()
+        ws[order[:k]] = True
+    return torch.ones(n, dtype=torch.bool, device=u.device)
+
+
+def warm_working_set(u, y, c, d: int, band: float | None = None):
+    """The interior point's first set from a warm start's hinge arguments ``u [n]``: every example
+    with ``|u| < band`` and at least the ``2 (d+1)`` nearest the margin (all of them when that is
+    most of the examples), grown by `feasible_set` (the others held at ``alpha = c`` if ``u >= 0``)."""
+    band = WARM_BAND if band is None else band
+    n = u.numel()
+    k = max(min(n, 2 * (d + 1)), int((u.abs() < band).sum()))
+    if k > 0.6 * n:
+        return torch.ones(n, dtype=torch.bool, device=u.device)
+    ws = torch.zeros(n, dtype=torch.bool, device=u.device)
+    ws[torch.argsort(u.abs())[:k]] = True
+    return feasible_set(ws, ~ws & (u >= 0), u, y, c)
+
+
 def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max_rounds: int = 4,
-                               move_frac: float = 0.25):
+                               move_frac: float = 0.25, ws=None, gap_rel: float | None = None,
+                               try_polish: bool = True, accept=None):
     """Interior point on the examples nearest the margin, the others held fixed, then a polish.
 
     The working set is the ``K = max(2 (d+1), 3 |band|)`` examples with ``u``
@@ -325,12 +369,19 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
     wrong side (it moves them).  Only when that polish fails do the outside examples on the
     wrong side of the margin join the set (with the 20 % of the others nearest the margin) for
     another round (at most ``max_rounds``).
+    ``ws`` (bool ``[n]``) gives the first set instead (a warm start: ``u`` then comes from a
+    neighbouring problem's solution and ``mu = 0``); ``gap_rel`` is passed to `interior_point`
+    (its target then follows the objective); ``try_polish=False`` skips the polishes; ``accept(w,
+    b, alpha)`` (a certificate check) ends the rounds early when a round's solution with its
+    violators already passes it.
     Returns ``(w, b, alpha [n], iterations, |set|, polished)`` (the polish's solution when it
     settled, else the interior one of a round without violators) or None.
     """
     n, d = X.shape
     band_n = int(((u > 0) & (u < mu)).sum())
-    if on_all_rows(n, d, band_n):
+    if ws is not None:
+        ws = ws.clone()
+    elif on_all_rows(n, d, band_n):
         ws = torch.ones(n, dtype=torch.bool, device=X.device)
     else:
         ws = torch.zeros(n, dtype=torch.bool, device=X.device)
@@ -343,16 +394,21 @@ def interior_point_working_set(X, y, c, rho, u, mu, w, b, gap_target: float, max
         g_far = torch.cat([X.T @ cy_far, cy_far.sum().reshape(1)])
         idx = torch.nonzero(ws, as_tuple=False).reshape(-1)
         Xw = X if len(idx) == n else X.index_select(0, idx)
-        w_i, b_i, a_w, k = interior_point(Xw, y[idx], c[idx], rho[idx], g_far, w, b, 0.1 * gap_target)
+        p_const = float((torch.where(at_c & ~ws, c * rho, torch.zeros_like(c))).sum())
+        w_i, b_i, a_w, k = interior_point(Xw, y[idx], c[idx], rho[idx], g_far, w, b, 0.1 * gap_target,
+                                          gap_rel=None if gap_rel is None else 0.1 * gap_rel, p_const=p_const)
         its += k
         u_all = rho - y * (X @ w_i + b_i)
-        pol = polish(X, y, c, rho, u_all + delta, 2 * delta, working_set=0.0, max_rounds=10, move_frac=move_frac)
-        if pol is not None:
-            return pol[0], pol[1], pol[2], its, int(ws.sum()), True
         bad = ~ws & ((at_c & (u_all < 0)) | (~at_c & (u_all > 0)))
+        a = torch.where(at_c & ~ws, c, torch.zeros_like(c))
+        a[idx] = a_w
+        if bool(bad.any()) and accept is not None and accept(w_i, b_i, a):
+            return w_i, b_i, a, its, int(ws.sum()), False     # its violators cost less than the tolerance
+        if try_polish:
+            pol = polish(X, y, c, rho, u_all + delta, 2 * delta, working_set=0.0, max_rounds=10, move_frac=move_frac)
+            if pol is not None:
+                return pol[0], pol[1], pol[2], its, int(ws.sum()), True
         if not bool(bad.any()):
-            a = torch.where(at_c & ~ws, c, torch.zeros_like(c))
-            a[idx] = a_w
             return w_i, b_i, a, its, int(ws.sum()), False
         # grow the set: the violators plus the outside examples now nearest the margin
         # (+20 %), so that a rerun rarely finds new violators

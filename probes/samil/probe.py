@@ -1,6 +1,8 @@
 """sAwMIL behind the shared Probe interface: standardised token bags, C chosen by grouped CV."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -23,6 +25,14 @@ class SAwMILProbe(Probe):
     "balanced" by default, "none" = the reference's unweighted stage 3). Runs on the accelerator's
     device ("auto": CUDA if present).
 
+    With `warm_cv` (default) the grid's fits start from their neighbours' solutions: the full
+    training split at each C of the grid in ascending order (each from the previous C), then every
+    fold at every C from the full split's fit at that C (mapped into the fold's standardised
+    coordinates: the same score function); the final fit is the full split's fit at the chosen C.
+    Each fit still stops on its certified duality gap, so the models are those of cold fits to the
+    solver's tolerance (`warm_cv=false`: every fit from zero, the final one refitted).
+    `cv_fits_` records each CV fit (fold, C, objectives, gaps, seconds).
+
     `params()["degenerate"]` is true when the final fit is degenerate: ||coef|| <= DEGENERATE_NORM
     or every training bag gets the same score (such a probe's metrics are those of a constant).
 
@@ -33,12 +43,15 @@ class SAwMILProbe(Probe):
     def __init__(self, C: float | None = None, Cs=(10.0, 100.0, 1000.0), cv_folds: int = 3,
                  eta: float | None = None, k: int = 2, c_scaling: str = "per_instance",
                  stage3_weights: str = "balanced", standardize: bool = True, accelerator: str = "auto", seed: int = 0,
-                 tokens: str = "statement", **solver):
+                 tokens: str = "statement", warm_cv: bool = True, **solver):
         super().__init__()
         self._set_input("bags", tokens, representations=("bags",))
         if not isinstance(standardize, bool):
             raise ProbeError(f"standardize={standardize!r}: use true or false")
+        if not isinstance(warm_cv, bool):
+            raise ProbeError(f"warm_cv={warm_cv!r}: use true or false")
         self.C, self.Cs, self.cv_folds, self.standardize = C, tuple(Cs), cv_folds, standardize
+        self.warm_cv = warm_cv
         self.options = dict(eta=eta, k=k, c_scaling=c_scaling, stage3_weights=stage3_weights, seed=seed, **solver)
         for c in (self.Cs if C is None else (C,)):
             SAwMIL(C=c, **self.options).check_params()  # bad options fail now, not at the first fit
@@ -49,20 +62,36 @@ class SAwMILProbe(Probe):
         self.register_buffer("std", torch.ones(0))
         self._params: dict = {}
 
-    def _fit_one(self, C: float, train: Features, y: np.ndarray) -> tuple[SAwMIL, torch.Tensor, torch.Tensor]:
-        """SAwMIL at C on `train`'s bags, standardised on them: (model, mean [d], std [d])."""
-        d = train.X.shape[1]
-        mean, std = standardiser(train.X) if self.standardize else (torch.zeros(d), torch.ones(d))
+    def _standardiser(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = X.shape[1]
+        return standardiser(X) if self.standardize else (torch.zeros(d), torch.ones(d))
+
+    def _fit_one(self, C: float, train: Features, y: np.ndarray, warm=None, scaling=None
+                 ) -> tuple[SAwMIL, torch.Tensor, torch.Tensor]:
+        """SAwMIL at C on `train`'s bags, standardised on them: (model, mean [d], std [d]).
+        `warm`: (model, mean, std) of a neighbouring fit to start from; `scaling`: this
+        split's (mean, std) when already computed."""
+        mean, std = self._standardiser(train.X) if scaling is None else scaling
         model = SAwMIL(C=C, device=self.solve_device, **self.options)
-        return model.fit((train.X - mean) / std, train.offsets, y), mean, std
+        start = None
+        if warm is not None:
+            w_model, w_mean, w_std = warm
+            start = tuple(_rescale(w, b, w_mean, w_std, mean, std) for w, b in
+                          ((w_model.stage1_coef_, w_model.stage1_intercept_), (w_model.coef_, w_model.intercept_)))
+        return model.fit((train.X - mean) / std, train.offsets, y, warm_start=start), mean, std
 
     def fit(self, train: Features, y) -> "SAwMILProbe":
         y = check_labels(y, len(train))
+        self._full_fits = {}
         cv_auroc = {} if self.C is not None else self._cross_validate(train, y)
         C = self.C if self.C is not None else max(self.Cs, key=lambda c: (cv_auroc.get(c, -1.0), -c))
         if self.C is None and not cv_auroc:
             C = self.Cs[len(self.Cs) // 2]  # too few groups for folds: the middle of the grid
-        model, self.mean, self.std = self._fit_one(C, train, y)
+        if C in getattr(self, "_full_fits", {}):
+            model, self.mean, self.std = self._full_fits[C]
+        else:
+            model, self.mean, self.std = self._fit_one(C, train, y)
+        self._full_fits = {}
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
         options = {k: v for k, v in self.options.items() if isinstance(v, (int, float, str, type(None)))}
         train_scores = self.decision_function(train)
@@ -80,11 +109,27 @@ class SAwMILProbe(Probe):
         if not folds:
             return {}
         held_all = np.concatenate([held for _, held in folds])
+        self.cv_fits_, self._full_fits = [], {}
+
+        def record(fold, C, model, seconds):
+            info = model.fit_info_
+            self.cv_fits_.append(dict(fold=fold, C=float(C), seconds=seconds, **{
+                f"{st}_{k}": info[st][k] for st in ("stage1", "stage3") for k in ("objective", "duality_gap", "converged")}))
+
+        if self.warm_cv:    # the full split along the grid, each C from the previous one
+            scaling, prev = self._standardiser(train.X), None
+            for C in sorted(self.Cs):
+                t0 = time.perf_counter()
+                prev = self._fit_one(C, train, y, warm=prev, scaling=scaling)
+                self._full_fits[C] = prev
+                record(None, C, prev[0], time.perf_counter() - t0)
         result = {}
         for C in self.Cs:
             scores = np.empty(len(y))
-            for fit_idx, held_idx in folds:
-                model, mean, std = self._fit_one(C, train.subset(fit_idx), y[fit_idx])
+            for f, (fit_idx, held_idx) in enumerate(folds):
+                t0 = time.perf_counter()
+                model, mean, std = self._fit_one(C, train.subset(fit_idx), y[fit_idx], warm=self._full_fits.get(C))
+                record(f, C, model, time.perf_counter() - t0)
                 held = train.subset(held_idx)
                 scores[held_idx] = model.decision_function(((held.X - mean) / std).numpy(), held.offsets.numpy())
             result[C] = auroc(y[held_all], scores[held_all])
@@ -96,3 +141,11 @@ class SAwMILProbe(Probe):
             raise RuntimeError("SAwMILProbe is not fitted")
         scores = matvec((data.X - self.mean) / self.std, self.coef) + float(self.intercept)   # [T]
         return segment_max(scores, data.offsets, empty=float(self.intercept)).numpy()
+
+
+def _rescale(w, b, mean, std, new_mean, new_std):
+    """The linear score ``w . (x - mean) / std + b`` in the coordinates ``(x - new_mean) / new_std``:
+    ``(w new_std / std, b + w . (new_mean - mean) / std)`` (the same function of ``x``)."""
+    w = torch.as_tensor(w, dtype=torch.float64).cpu()
+    std, new_std = std.to(torch.float64), new_std.to(torch.float64)
+    return w * new_std / std, float(b) + float(w @ ((new_mean.to(torch.float64) - mean.to(torch.float64)) / std))
