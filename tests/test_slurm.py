@@ -31,8 +31,8 @@ PROBES, LAYERS = ("mean_diff", "linear"), (0, 1)
 USABLE = ("idle", "mixed", "allocated", "completing")
 COMMON = ["model.name=synthetic", "task=true_vs_all", "n_boot=100"]
 SWEEP = [*COMMON, f"probe={','.join(PROBES)}", f"layer={','.join(map(str, LAYERS))}"]
-# fields that legitimately differ between the two runs
-IGNORED = {"fit_seconds"}
+# fields that legitimately differ between the two runs (provenance: the command that wrote the cell)
+IGNORED = {"fit_seconds", "provenance"}
 IGNORED_CONFIG = {"results_dir"}
 
 

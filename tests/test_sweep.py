@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.sweep import COST, plan
 from extract.errors import ToolkitError
@@ -51,9 +52,14 @@ def test_sweep_cells_equal_plain_train_probe_runs(dirs, tmp_path):
     assert done.stderr.count(" done in ") == 4
     swept = sorted(results.rglob("seed=*.json"))
     assert len(swept) == 2 * 2 * 2   # probes x layers x tasks
-    for probe in ("mean_diff", "linear"):
-        train_probes(run_cfg(dirs, f"probe={probe}", "tasks=[true_vs_all,multiclass]", "layer=[0,1]", "n_boot=20",
-                             f"results_dir={tmp_path / 'plain'}"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the sweep's workers (threads=1): float sums in the same order
+    try:
+        for probe in ("mean_diff", "linear"):
+            train_probes(run_cfg(dirs, f"probe={probe}", "tasks=[true_vs_all,multiclass]", "layer=[0,1]",
+                                 "n_boot=20", f"results_dir={tmp_path / 'plain'}"))
+    finally:
+        torch.set_num_threads(threads)
     for path in swept:
         plain = tmp_path / "plain" / path.relative_to(results)
         a, b = comparable(path), comparable(plain)
