@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -45,12 +46,16 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def remove_stale_temps(folder: Path, prefix: str) -> None:
-    """Delete `<prefix><pid>-*` temporary files of folder whose writer (a process of this host) is gone,
-    e.g. SIGKILLed mid-write; other hosts' temporaries (a shared file system) are left alone."""
+    """Delete `<prefix><pid>-*` temporary files or folders of folder whose writer (a process of this
+    host: the prefix names the host) is gone, e.g. SIGKILLed mid-write; other hosts' temporaries (a
+    shared file system) are left alone."""
     for tmp in folder.glob(f"{prefix}*"):
         pid = tmp.name[len(prefix):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -21,9 +21,10 @@ from omegaconf import MISSING
 import numpy as np
 import pandas as pd
 
-from evaluation.cells import CellError, cell_path, read_cell
+from evaluation.cells import CellError, cell_path, read_cell, remove_stale_temps
 from evaluation.selective import holm
 from evaluation.splits import KINDS
+from extract.disk import fsync_path
 from extract.errors import ToolkitError, check_name
 
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
@@ -236,7 +237,7 @@ def publish(out: Path, build: Callable[[Path], None], whole_folder: bool = True)
     staging = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_staging(out.parent)
+        remove_stale_temps(out.parent, _STAGING)
         staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=out.parent))
         umask = os.umask(0)
         os.umask(umask)
@@ -249,7 +250,7 @@ def publish(out: Path, build: Callable[[Path], None], whole_folder: bool = True)
             out.mkdir(exist_ok=True)
             for file in sorted(staging.iterdir()):
                 os.replace(file, out / file.name)
-            _fsync(out)
+            fsync_path(out)
         created = []
         return out
     except OSError as err:
@@ -274,7 +275,7 @@ def _swap_in(staging: Path, out: Path) -> None:
         os.rename(out, aside / "old")
         os.rename(staging, out)
         os.rename(aside, staging)
-    _fsync(out.parent)
+    fsync_path(out.parent)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -296,31 +297,5 @@ def _exchange(a: Path, b: Path) -> bool:
 def _fsync_tree(folder: Path) -> None:
     for path in folder.rglob("*"):
         if path.is_file():
-            _fsync(path)
-    _fsync(folder)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_staging(folder: Path) -> None:
-    """Delete staging folders of this host whose writer is gone (a SIGKILLed report)."""
-    for stale in folder.glob(f"{_STAGING}*"):
-        pid = stale.name[len(_STAGING):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            fsync_path(path)
+    fsync_path(folder)

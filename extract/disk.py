@@ -155,9 +155,9 @@ def is_sparse(path: Path) -> bool:
     return st.st_blocks * 512 < st.st_size
 
 
-def fsync_folder(folder: Path) -> None:
-    """Make a rename inside `folder` durable."""
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Make a file's data, or a rename inside a folder, durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

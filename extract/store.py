@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from extract.disk import NoSpace, check_space, fsync_folder, os_reason, reserve, writer_pid
+from extract.disk import NoSpace, check_space, fsync_path, os_reason, reserve, writer_pid
 from extract.errors import ToolkitError, check_name
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def build_store(path: Path, need: int, *args, replace: bool = False) -> None:
             path.unlink()
             reserve(tmp)
         os.replace(tmp, path)
-        fsync_folder(path.parent)
+        fsync_path(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 

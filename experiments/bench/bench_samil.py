@@ -226,23 +226,10 @@ def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True
     Prints one fit at ``C`` (time, memory, test bag AUROC) and, with ``cv``, the probe's fit with C
     chosen by grouped CV over its default grid (``SAwMILProbe().Cs``, ``cv_folds`` folds + the final fit).
     """
-    from extract.store import ActivationStore
     from probes.base import standardiser
-    from evaluation.tasks import task_targets
-    from probes.features import layer_features
-    from evaluation.splits import entity_groups, make_split
     from probes.samil import SAwMILProbe
 
-    store = ActivationStore(store_path)
-    table = store.table
-    rows, y = task_targets(table["label"].to_numpy(), "true_vs_all")
-    split = make_split(table, kind="entity_disjoint", seed=0)
-    features = layer_features(store, layer, "bags")
-    features.groups = entity_groups(table)
-    features = features.subset(rows)
-    in_train, in_test = np.flatnonzero(np.isin(rows, split.train)), np.flatnonzero(np.isin(rows, split.test))
-    train, test = features.subset(in_train), features.subset(in_test)
-    y_train, y_test = y[in_train], y[in_test]
+    train, y_train, test, y_test = load_real(store_path, layer)
     mean, std = standardiser(train.X)
     out = fit_and_measure((train.X - mean) / std, train.offsets, y_train, C=C, device=device)
     m = out["model"]
