@@ -48,10 +48,10 @@ from evaluation.metrics import ABSTAIN
 from evaluation.selective import paired_bootstrap
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import (ALPHA, SplitChoice, best_layers, cell_of, check_writable, layer_table, load_cells,
+from experiments.tables import (ALPHA, SplitChoice, best_layers, cell_of, layer_table, load_cells,
                                 p_text, publish, with_holm)
 from extract.errors import check_count, check_name, hydra_main, run_entry
-from extract.schema import typed_options
+from extract.schema import check_writable, typed_options
 from extract.statements import FALSE, NEITHER, TRUE
 
 log = logging.getLogger(__name__)

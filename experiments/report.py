@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import (ALPHA, Named, best_layers, cell_of, check_writable, layer_table, load_cells, publish,
+from experiments.tables import (ALPHA, Named, best_layers, cell_of, layer_table, load_cells, publish,
                                 with_holm, yes_no)
 from experiments.cross_model import write_cross_model
 from experiments.ncb_report import write_ncb
@@ -46,7 +46,7 @@ from experiments.transfer import DATAPACKS, write_transfer
 from experiments.truthfulqa_report import write_truthfulqa
 from extract.statements import TRUTHFULQA
 from extract.errors import hydra_main, run_entry
-from extract.schema import typed_options
+from extract.schema import check_writable, typed_options
 
 log = logging.getLogger(__name__)
 VERSUS = {"mcc": "mcnemar", "mcc_all": "mcnemar_all"}   # estimand -> the McNemar test on the same rows

@@ -213,16 +213,6 @@ class ReportError(ToolkitError):
 _STAGING = f".tmp-report-{socket.gethostname()}-"   # + pid + random: a report being written
 
 
-def check_writable(folder, option: str) -> None:
-    """The deepest existing folder of `folder` must be a writable directory (checked before any work;
-    nothing is created)."""
-    existing = Path(folder).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ReportError(f"{option}={folder}: {existing} is not a writable folder: choose {option}=...")
-
-
 def publish(out: Path, build: Callable[[Path], None], whole_folder: bool = True) -> Path:
     """Write a report atomically: `build(folder)` writes every file of the report into a fresh staging
     folder beside `out` (same file system: a full disk fails here, before anything of the old report is

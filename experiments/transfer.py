@@ -32,10 +32,10 @@ from evaluation.cell_metrics import raw_auroc
 from evaluation.cells import CellError
 from evaluation.selective import paired_bootstrap
 from experiments.plots import pyplot
-from experiments.tables import (Named, SplitChoice, best_layers, cell_flag, check_writable, layer_table, load_cells,
+from experiments.tables import (Named, SplitChoice, best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
 from extract.errors import check_name, hydra_main, run_entry
-from extract.schema import typed_options
+from extract.schema import check_writable, typed_options
 
 log = logging.getLogger(__name__)
 DATAPACKS = ("city_locations", "med_indications", "word_definitions")

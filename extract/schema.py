@@ -9,8 +9,10 @@ other entry points sharing a config group) pass through unchecked.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -116,3 +118,13 @@ def _update(base: dict, new: dict) -> dict:
     for key, value in new.items():
         out[key] = _update(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return out
+
+
+def check_writable(folder, option: str = "results_dir") -> None:
+    """The deepest existing folder of `folder` must be a writable directory (checked before any work;
+    nothing is created): else one ToolkitError line naming `option`."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ToolkitError(f"{option}={folder}: {existing} is not a writable folder: choose {option}=...")

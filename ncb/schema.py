@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from evaluation.tasks import TASKS
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, typed_options
+from extract.schema import ModelSchema, check_writable, typed_options
 from ncb.interference import check_templates
-from probes.schema import _check_writable
 from zero_shot.prompts import get_enumeration
 
 Task = Enum("Task", {k: k for k in TASKS})
@@ -97,5 +95,5 @@ def validate(cfg: DictConfig) -> DictConfig:
     check_templates(checked["stress"]["interferences"])
     check_name(checked["model"]["name"], "model.name")
     check_name(cfg.data.name, "data.name")
-    _check_writable(Path(checked["results_dir"]))
+    check_writable(checked["results_dir"])
     return OmegaConf.create(checked)

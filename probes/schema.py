@@ -4,17 +4,15 @@ Probe options (`probe.*`) are checked by each probe's constructor; these are the
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from extract.errors import ToolkitError, check_count
-from extract.schema import typed_options
+from extract.schema import check_writable, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "in_sample")})
@@ -59,14 +57,5 @@ def validate(cfg: DictConfig) -> DictConfig:
     if checked["trainer"]["accelerator"] in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ToolkitError(f"trainer.accelerator={checked['trainer']['accelerator']} but no GPU is visible: use "
                            "trainer.accelerator=cpu (or auto)")
-    _check_writable(Path(checked["results_dir"]))
+    check_writable(checked["results_dir"])
     return OmegaConf.create(checked)
-
-
-def _check_writable(folder: Path) -> None:
-    """The deepest existing folder of `folder` must be a writable directory (nothing is created here)."""
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ToolkitError(f"results_dir={folder}: {existing} is not a writable folder: choose results_dir=...")

@@ -7,14 +7,12 @@ model is loaded, never a traceback after the scoring.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from extract.errors import check_count, check_name
-from extract.schema import ModelSchema, typed_options
-from probes.schema import _check_writable
+from extract.schema import ModelSchema, check_writable, typed_options
 from truthfulqa.likelihood import check_format
 
 _HINTS = {"limit": "a whole number >= 1, or null for every question", "batch_size": "a whole number >= 1",
@@ -44,5 +42,5 @@ def validate(cfg: DictConfig) -> DictConfig:
     for key in ("batch_size", "save_every", "n_boot"):
         check_count(checked[key], key)
     check_name(checked["model"]["name"], "model.name")
-    _check_writable(Path(checked["results_dir"]))
+    check_writable(checked["results_dir"])
     return OmegaConf.create(checked)

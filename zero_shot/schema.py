@@ -7,15 +7,13 @@ writable results_dir, so that a bad option is one line before the model is loade
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.metrics import resampling_groups
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, typed_options
-from probes.schema import _check_writable
+from extract.schema import ModelSchema, check_writable, typed_options
 from zero_shot.prompts import get_enumeration
 
 _HINTS = {"batch_size": "a whole number >= 1", "save_every": "a whole number >= 1", "limit": "a whole number >= 1, "
@@ -61,5 +59,5 @@ def validate(cfg: DictConfig) -> DictConfig:
     resampling_groups(checked["bootstrap"], [])   # the one check of bootstrap=
     get_enumeration(checked["enumeration"])
     check_name(checked["model"]["name"], "model.name")
-    _check_writable(Path(checked["results_dir"]))
+    check_writable(checked["results_dir"])
     return OmegaConf.create(checked)
