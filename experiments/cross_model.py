@@ -284,38 +284,6 @@ def samil_summary(samil: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def depth_figure(tables: dict[str, pd.DataFrame], colours: dict[str, str], path: Path, title: str) -> None:
-    """tables: {model: layer table with `depth`}; one panel per (probe row, task column), MCC solid with
-    its interval as a band, W-MCC dashed, one colour per model; Q3 shaded."""
-    plt = plots.pyplot()
-    probes = sorted(set().union(*(t["probe"] for t in tables.values())))
-    tasks = sorted(set().union(*(t["task"] for t in tables.values())))
-    fig, axes = plt.subplots(len(probes), len(tasks), figsize=(3.4 * len(tasks), 2.6 * len(probes) + 1),
-                             squeeze=False, sharex=True, sharey=True)
-    for i, probe in enumerate(probes):
-        for j, task in enumerate(tasks):
-            ax = axes[i, j]
-            for model, table in tables.items():
-                g = table[(table["probe"] == probe) & (table["task"] == task)].sort_values("depth")
-                c = colours[model]
-                ax.plot(g["depth"], g["mcc"], "o-", markersize=3, color=c, label=f"{model} MCC")
-                ax.plot(g["depth"], g["wmcc"], "s--", markersize=3, color=c, label=f"{model} W-MCC")
-                ax.fill_between(g["depth"], g["mcc_lo"].astype(float), g["mcc_hi"].astype(float), color=c,
-                                alpha=0.12, linewidth=0)
-            ax.axvspan(QUARTER_EDGES[1], QUARTER_EDGES[2], color="k", alpha=0.06, linewidth=0)
-            ax.grid(alpha=0.3)
-            ax.set_title(task if i == 0 else "", fontsize=9)
-            if j == 0:
-                ax.set_ylabel(probe)
-            if i == len(probes) - 1:
-                ax.set_xlabel("relative depth (layer / L)")
-    plots.legend_below(fig, axes)
-    fig.suptitle(f"{title}: test MCC (solid) and W-MCC (dashed); Q3 shaded")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _ci(r: pd.Series, prefix: str, signed: bool = False, layer: str | None = None) -> str:
     """"value [lo, hi]" of r's prefix, prefix_lo, prefix_hi, then " L<k>" of r's `layer` column if given;
     "-" where r has no value."""
@@ -419,7 +387,8 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
         for datapack in datapacks:
             tables = {m: study[m, datapack][1] for m in models if (m, datapack) in study}
             if tables:
-                depth_figure(tables, colours, out / f"depth_{datapack}.png", f"{datapack} ({split})")
+                plots.depth_figure(tables, colours, QUARTER_EDGES[1:], out / f"depth_{datapack}.png",
+                                   f"{datapack} ({split})")
             else:
                 log.info("no model has cells for %s: no depth_%s.png", datapack, datapack)
         claims = pd.concat([depth, summary, neither, samil, samil_counts], ignore_index=True)

@@ -115,3 +115,36 @@ def reliability(cells: dict, path: Path, title: str, n_bins: int = 10) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def depth_figure(tables: dict[str, pd.DataFrame], colours: dict[str, str], q3: tuple[float, float], path: Path,
+                 title: str) -> None:
+    """tables: {model: layer table with `depth`}; one panel per (probe row, task column), MCC solid with
+    its interval as a band, W-MCC dashed, one colour per model; the depth range `q3` shaded."""
+    plt = pyplot()
+    probes = sorted(set().union(*(t["probe"] for t in tables.values())))
+    tasks = sorted(set().union(*(t["task"] for t in tables.values())))
+    fig, axes = plt.subplots(len(probes), len(tasks), figsize=(3.4 * len(tasks), 2.6 * len(probes) + 1),
+                             squeeze=False, sharex=True, sharey=True)
+    for i, probe in enumerate(probes):
+        for j, task in enumerate(tasks):
+            ax = axes[i, j]
+            for model, table in tables.items():
+                g = table[(table["probe"] == probe) & (table["task"] == task)].sort_values("depth")
+                c = colours[model]
+                ax.plot(g["depth"], g["mcc"], "o-", markersize=3, color=c, label=f"{model} MCC")
+                ax.plot(g["depth"], g["wmcc"], "s--", markersize=3, color=c, label=f"{model} W-MCC")
+                ax.fill_between(g["depth"], g["mcc_lo"].astype(float), g["mcc_hi"].astype(float), color=c,
+                                alpha=0.12, linewidth=0)
+            ax.axvspan(*q3, color="k", alpha=0.06, linewidth=0)
+            ax.grid(alpha=0.3)
+            ax.set_title(task if i == 0 else "", fontsize=9)
+            if j == 0:
+                ax.set_ylabel(probe)
+            if i == len(probes) - 1:
+                ax.set_xlabel("relative depth (layer / L)")
+    legend_below(fig, axes)
+    fig.suptitle(f"{title}: test MCC (solid) and W-MCC (dashed); Q3 shaded")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
