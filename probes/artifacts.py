@@ -273,7 +273,7 @@ class FittedProbe:
 
 def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None = None, groups=None,
               layer: int | None = None, store=None, alpha: float = 0.1, mondrian: bool = False,
-              conformal: str = "lac", calibration: str = "out_of_fold", calibration_folds: int = 3, seed: int = 0,
+              conformal: str = "lac", calibration: str = "out_of_fold_cv", calibration_folds: int = 3, seed: int = 0,
               accelerator: str = "auto", **options) -> FittedProbe:
     """Fit and calibrate a probe on rows `train` / `cal` of X, as `python -m train_probe` does
     (probes.fitting: the same heads, folds, score map and conformal sets).
@@ -287,7 +287,9 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     train, cal: int row indices into X; groups: int [n] entity of each row (grouped folds), or None
         (then Features' own groups, if any).
     The heads are fitted on `train`; the score map on their out-of-fold training scores
-    (calibration="out_of_fold", `calibration_folds` grouped folds; "in_sample": on the final heads'
+    (calibration="out_of_fold_cv", the default: `calibration_folds` grouped folds, also the probes' CV
+    folds, each scored by its fold fit at the chosen C, see probes.fitting.HeadBank; "out_of_fold": the
+    same folds, each scored by a refitted copy with its own CV; "in_sample": on the final heads'
     training scores); conformal sets (lac, or the reference code's p-values) on `cal` at level `alpha`.
     layer / store (an ActivationStore): recorded with the probe.
     Every argument is checked before any fit, as one ProbeError naming it: X [n, d] of finite numbers
@@ -302,7 +304,7 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
         spec = {**probe, **options}
     check_choice("calibration", calibration, CALIBRATIONS)
     check_choice("conformal.name", conformal, CONFORMAL)
-    if calibration == "out_of_fold" and (isinstance(calibration_folds, bool) or
+    if calibration.startswith("out_of_fold") and (isinstance(calibration_folds, bool) or
                                          not isinstance(calibration_folds, (int, np.integer)) or calibration_folds < 2):
         raise ProbeError(f"calibration_folds={calibration_folds!r}: use a whole number >= 2")
     template = build_probe(spec, accelerator)
@@ -325,10 +327,10 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
                          "from training, or the conformal sets lose their guarantee")
     classes = classes or ([1] if labels.max() <= 1 else list(range(int(labels.max()) + 1)))
     target = labels if len(classes) > 1 else (labels == classes[0]).astype(np.int64)
-    folds = int(calibration_folds) if calibration == "out_of_fold" else 0
-    bank = HeadBank(template, features, labels, train, folds, int(seed))
+    folds = int(calibration_folds) if calibration.startswith("out_of_fold") else 0
+    bank = HeadBank(template, features, labels, train, folds, int(seed), calibration == "out_of_fold_cv")
     heads, scores = [bank.head(c) for c in classes], bank.scores(classes)
-    oof = bank.out_of_fold(classes) if calibration == "out_of_fold" else None
+    oof = bank.out_of_fold(classes) if folds else None
     _, predictor, summary = calibrate(scores, target, train, cal, oof, len(bank.folds), calibration, alpha,
                                       conformal, mondrian)
     return FittedProbe(spec, heads, summary, predictor, layer, None if store is None else store_summary(store))

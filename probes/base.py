@@ -64,7 +64,11 @@ class Probe(L.LightningModule):
         self.representation = check_choice("representation", representation, representations)
         self.tokens = check_choice("tokens", tokens, tuple(TOKEN_KINDS))
 
-    def fit(self, train: Features, y: np.ndarray) -> "Probe":
+    def fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "Probe":
+        """Fit on `train` with 0/1 targets `y` [n]. `folds`: grouped folds [(fit positions, held
+        positions)] of `train` for a probe that chooses a hyperparameter by cross-validation, instead
+        of its own; it then sets `held_out_scores_` float [n] (NaN outside the held parts): each held
+        part scored by its fold's fit at the chosen value. Other probes ignore `folds`."""
         raise NotImplementedError
 
     def decision_function(self, data: Features) -> np.ndarray:

@@ -25,7 +25,7 @@ from probes.base import Probe, kfold_splits
 from probes.features import Features
 
 log = logging.getLogger(__name__)
-CALIBRATIONS = ("out_of_fold", "in_sample")   # what the score map is fitted on
+CALIBRATIONS = ("out_of_fold", "out_of_fold_cv", "in_sample")   # what the score map is fitted on (see HeadBank)
 CONFORMAL = ("lac", "reference")              # conformal procedure (evaluation.conformal)
 
 
@@ -41,11 +41,18 @@ class HeadBank:
     with their groups; labels: int [M] class of each statement (the datapack's label column, or any
     0..K-1 coding): head c is fitted on the target labels == c; train: int positions of the training
     statements; calibration_folds: grouped folds for out-of-fold scores (0 = none); seed.
+
+    share_folds: a probe that chooses a hyperparameter by cross-validation runs it on these folds
+    (`fit(..., folds=)`), and its fold fits at the chosen value give the out-of-fold scores
+    (`held_out_scores_`) instead of one refitted copy per fold, each with its own CV: a quarter of
+    the fits with 3 folds, at the cost of a selection leak (the chosen value saw the held-out rows;
+    calibration="out_of_fold_cv"). Probes without such a choice (mlp, mean_diff, a fixed C) refit.
     """
 
     def __init__(self, template: Probe, features: Features, labels: np.ndarray, train: np.ndarray,
-                 calibration_folds: int, seed: int):
+                 calibration_folds: int, seed: int, share_folds: bool = False):
         self.template, self.features, self.train, self.seed = template, features, np.asarray(train), int(seed)
+        self.share_folds = bool(share_folds)
         self.labels = np.asarray(labels, dtype=np.int64)
         self._heads: dict[int, Probe] = {}
         self._scores: dict[int, np.ndarray] = {}
@@ -67,7 +74,8 @@ class HeadBank:
     def _fit(self, cls: int, rows: np.ndarray, fold: int) -> Probe:
         L.seed_everything(head_seed(self.seed, cls, fold), workers=True, verbose=False)
         target = (self.labels[rows] == cls).astype(np.int64)
-        return copy.deepcopy(self.template).fit(self.features.subset(rows), target)
+        folds = {"folds": self.folds} if self.share_folds and fold == -1 and self.folds else {}
+        return copy.deepcopy(self.template).fit(self.features.subset(rows), target, **folds)
 
     def head(self, cls: int) -> Probe:
         """The head of class `cls` fitted on every training statement."""
@@ -88,7 +96,10 @@ class HeadBank:
         if not self.folds:
             return None
         for c in classes:
-            if c not in self._oof:
+            shared = getattr(self.head(c), "held_out_scores_", None) if self.share_folds else None
+            if c not in self._oof and shared is not None:
+                self._oof[c] = np.concatenate([shared[held] for _, held in self.folds])
+            elif c not in self._oof:
                 self._oof[c] = np.concatenate([
                     np.asarray(self._fit(c, self.train[fit], f).decision_function(self.features.subset(self.train[held])),
                                dtype=np.float64) for f, (fit, held) in enumerate(self.folds)])
@@ -103,13 +114,13 @@ def calibrate(scores: np.ndarray, y: np.ndarray, train: np.ndarray, cal: np.ndar
 
     scores float [M, H] raw head scores of all statements; y int [M] task targets; train / cal int
     positions; oof: out-of-fold (positions, scores) from `n_folds` folds, used for the map when
-    calibration="out_of_fold" (None: the map is fitted on the heads' own training scores).
+    calibration="out_of_fold" / "out_of_fold_cv" (None: the map is fitted on the heads' own training scores).
     Returns (score_map, conformal predictor, the cell's calibration summary); the predictor reads
     `conformal_input(scores, probs, conformal)`."""
-    use_oof = calibration == "out_of_fold" and oof is not None
+    use_oof = calibration.startswith("out_of_fold") and oof is not None
     map_rows, map_scores = oof if use_oof else (train, scores[train])
     score_map = ScoreMap().fit(map_scores, y[map_rows])
-    kind = "out_of_fold" if use_oof else (
+    kind = calibration if use_oof else (
         "in_sample" if calibration == "in_sample" else "in_sample (too few groups for out-of-fold scores)")
     summary = {"kind": kind, "n_folds": n_folds if use_oof else 0, "n_rows": int(len(map_rows)),
                "map": score_map.to_dict()}

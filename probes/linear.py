@@ -203,13 +203,14 @@ class LinearProbe(Probe):
         return mean, std, A, path, iters
 
     # -- Probe interface --------------------------------------------------------------------------
-    def fit(self, train: Features, y) -> "LinearProbe":
+    def fit(self, train: Features, y, folds: list | None = None) -> "LinearProbe":
         X = statement_vectors(train, self.representation).cpu()
         y = check_labels(y, len(X))
         groups = None if train.groups is None else np.asarray(train.groups)
-        C, folds = self.C, []
+        C, given, folds = self.C, folds, []
+        self.held_out_scores_ = None
         if C is None:
-            folds = kfold_splits(y, groups, self.cv_folds, draw_seed(self.seed))
+            folds = list(given) if given else kfold_splits(y, groups, self.cv_folds, draw_seed(self.seed))
             if len(self.Cs) == 1 or not folds:
                 C, folds = self.Cs[len(self.Cs) // 2], []
         grid = sorted(set(self.Cs)) if folds else [C]
@@ -217,6 +218,8 @@ class LinearProbe(Probe):
         self._params = {"loss": self.loss, "representation": self.representation, "class_weight": self.class_weight}
         if folds:
             C = self._cross_validate(A, y, folds, grid, path)
+            if given:
+                self.held_out_scores_ = self.cv_scores_[self.Cs.index(C)]
         final = path[grid.index(C), -1]
         self.mean, self.std = mean, std
         self.weight = torch.nn.Parameter(final[:-1].float(), requires_grad=False)

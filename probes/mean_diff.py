@@ -72,7 +72,7 @@ class MeanDiffProbe(Probe):
         self._params: dict = {}
 
     @torch.no_grad()
-    def fit(self, train: Features, y) -> "MeanDiffProbe":
+    def fit(self, train: Features, y, folds: list | None = None) -> "MeanDiffProbe":   # (folds: nothing chosen by CV)
         device = resolve_device(self.accelerator)
         X = statement_vectors(train, self.representation)
         y = check_labels(y, len(X))

@@ -146,7 +146,7 @@ class MLPProbe(Probe):
         return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
     # -- Probe interface --------------------------------------------------------------------------
-    def fit(self, train: Features, y) -> "MLPProbe":
+    def fit(self, train: Features, y, folds: list | None = None) -> "MLPProbe":   # (folds: nothing chosen by CV)
         X = statement_vectors(train, self.representation).cpu()
         y = check_labels(y, len(X))
         groups = None if train.groups is None else np.asarray(train.groups)

@@ -66,7 +66,7 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                 if key not in banks:
                     parts = {name: _positions(rows, getattr(split, name)) for name in ("train", "calibration", "test")}
                     banks[key] = (HeadBank(template, features.subset(rows), labels[rows], parts["train"],
-                                           _calibration_folds(cfg), int(cfg.seed)), parts)
+                                           _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)), parts)
                 bank, parts = banks[key]
                 cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t))
                 cell["metrics"].update(probe_mc_if_truthfulqa(cfg.data.name, t, table, rows[parts["test"]],
@@ -105,13 +105,13 @@ def head_classes(task: str) -> list[int]:
 
 
 def method_name(cfg: DictConfig) -> str:
-    """The cells' folder: the probe name, with +in_sample / +reference appended for the non-default
-    calibration / conformal procedures (so their cells never replace or shadow the default ones)."""
+    """The cells' folder: the probe name, with +out_of_fold / +in_sample / +reference appended for the
+    non-default calibration / conformal procedures (so their cells never replace or shadow the default ones)."""
     calibration = check_choice("calibration", cfg.calibration, CALIBRATIONS)
     conformal = check_choice("conformal.name", cfg.conformal.name, CONFORMAL)
     if conformal == "reference" and cfg.mondrian:
         raise ConformalError("mondrian=true has no counterpart in conformal=reference: use one of them")
-    extras = [x for x, default in ((calibration, "out_of_fold"), (conformal, "lac")) if x != default]
+    extras = [x for x, default in ((calibration, "out_of_fold_cv"), (conformal, "lac")) if x != default]
     return check_name("+".join([cfg.probe.name, *extras]), "probe.name")
 
 
@@ -121,14 +121,18 @@ def probe_cell_path(cfg: DictConfig, layer: int, task: str | None = None) -> Pat
 
 
 def _calibration_folds(cfg: DictConfig) -> int:
-    return int(cfg.calibration_folds) if cfg.calibration == "out_of_fold" else 0
+    return int(cfg.calibration_folds) if cfg.calibration.startswith("out_of_fold") else 0
+
+
+def _share_folds(cfg: DictConfig) -> bool:
+    return cfg.calibration == "out_of_fold_cv"
 
 
 def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np.ndarray,
                      parts: dict[str, np.ndarray]) -> tuple[dict, list[Probe]]:
     """One probe at one layer on its own: heads keyed by the targets `y` themselves (one head, class
     1, for binary y; one per class for multiclass); see `task_cell`."""
-    bank = HeadBank(template, features, y, parts["train"], _calibration_folds(cfg), int(cfg.seed))
+    bank = HeadBank(template, features, y, parts["train"], _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg))
     classes = [1] if int(y.max()) == 1 else list(range(int(y.max()) + 1))
     return task_cell(cfg, cfg.task.name, bank, y, parts, classes)
 
@@ -142,7 +146,7 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
     started = time.perf_counter()
     heads = [bank.head(c) for c in classes]
     scores = bank.scores(classes)  # [M, heads]
-    oof = bank.out_of_fold(classes) if cfg.calibration == "out_of_fold" else None
+    oof = bank.out_of_fold(classes) if cfg.calibration.startswith("out_of_fold") else None
     score_map, conformal, calibration = calibrate(scores, y, train, cal, oof, len(bank.folds), cfg.calibration,
                                                   cfg.alpha, cfg.conformal.name, cfg.mondrian)
     probs = score_map.predict_proba(scores)

@@ -15,12 +15,12 @@ from extract.errors import ToolkitError, check_count
 from extract.schema import check_writable, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
-Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "in_sample")})
+Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
 _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",
           "calibration_folds": "a whole number >= 2", "bootstrap": "cluster or iid",
-          "calibration": "out_of_fold or in_sample", "trainer.accelerator": "auto, cpu or gpu"}
+          "calibration": "out_of_fold, out_of_fold_cv or in_sample", "trainer.accelerator": "auto, cpu or gpu"}
 
 
 @dataclass
@@ -35,7 +35,7 @@ class TrainProbeSchema:
     seed: int = 0
     split_seed: int = 0
     bootstrap: Bootstrap = Bootstrap.cluster
-    calibration: Calibration = Calibration.out_of_fold
+    calibration: Calibration = Calibration.out_of_fold_cv
     calibration_folds: int = 3
     alpha: float = 0.1
     mondrian: bool = False

@@ -59,16 +59,16 @@ def test_out_of_fold_map_lowers_test_ece(weak_dirs, record_property):
     the out-of-fold map is not. Measured direction on a weakly planted store, every probe."""
     eces = {}
     for probe in ("linear", "mean_diff", "mlp"):
-        for calibration in ("in_sample", "out_of_fold"):
+        for calibration in ("in_sample", "out_of_fold_cv"):
             cell = _run(weak_dirs, f"probe={probe}", f"calibration={calibration}")
             eces[probe, calibration] = cell["metrics"]["ece"]
             assert cell["calibration"]["kind"] == calibration
-            assert cell["calibration"]["n_folds"] == (3 if calibration == "out_of_fold" else 0)
-            assert cell["method"]["name"] == (probe if calibration == "out_of_fold" else f"{probe}+in_sample")
+            assert cell["calibration"]["n_folds"] == (3 if calibration == "out_of_fold_cv" else 0)
+            assert cell["method"]["name"] == (probe if calibration == "out_of_fold_cv" else f"{probe}+in_sample")
             assert cell["config"]["probe"]["name"] == cell["method"]["name"]   # what the report groups by
     _record(record_property, "test_ece", ", ".join(f"{p} {c} {e:.4f}" for (p, c), e in eces.items()))
     for probe in ("linear", "mean_diff", "mlp"):
-        assert eces[probe, "out_of_fold"] < eces[probe, "in_sample"]
+        assert eces[probe, "out_of_fold_cv"] < eces[probe, "in_sample"]
 
 
 def _inputs(dirs, task="true_vs_all"):

@@ -80,13 +80,16 @@ class SAwMILProbe(Probe):
                           ((w_model.stage1_coef_, w_model.stage1_intercept_), (w_model.coef_, w_model.intercept_)))
         return model.fit((train.X - mean) / std, train.offsets, y, warm_start=start), mean, std
 
-    def fit(self, train: Features, y) -> "SAwMILProbe":
+    def fit(self, train: Features, y, folds: list | None = None) -> "SAwMILProbe":
         y = check_labels(y, len(train))
-        self._full_fits = {}
-        cv_auroc = {} if self.C is not None else self._cross_validate(train, y)
+        self._full_fits, self.held_out_scores_ = {}, None
+        cv_auroc = {} if self.C is not None else self._cross_validate(train, y, folds)
         C = self.C if self.C is not None else max(self.Cs, key=lambda c: (cv_auroc.get(c, -1.0), -c))
         if self.C is None and not cv_auroc:
             C = self.Cs[len(self.Cs) // 2]  # too few groups for folds: the middle of the grid
+        elif cv_auroc and folds:
+            self.held_out_scores_ = self._held_scores[C]
+        self._held_scores = {}
         if C in getattr(self, "_full_fits", {}):
             model, self.mean, self.std = self._full_fits[C]
         else:
@@ -103,9 +106,11 @@ class SAwMILProbe(Probe):
                         "fit_seconds": model.fit_info_["seconds"]}
         return self
 
-    def _cross_validate(self, train: Features, y: np.ndarray) -> dict[float, float]:
-        """Held-out bag AUROC of every C of `Cs` over grouped folds ({} when no folds are possible)."""
-        folds = kfold_splits(y, train.groups, self.cv_folds, self.options["seed"])
+    def _cross_validate(self, train: Features, y: np.ndarray, folds: list | None = None) -> dict[float, float]:
+        """Held-out bag AUROC of every C of `Cs` over grouped folds (`folds`, or `cv_folds` of its own;
+        {} when no folds are possible); the held-out scores of each C in `_held_scores`."""
+        folds = list(folds) if folds else kfold_splits(y, train.groups, self.cv_folds, self.options["seed"])
+        self._held_scores = {}
         if not folds:
             return {}
         held_all = np.concatenate([held for _, held in folds])
@@ -125,7 +130,7 @@ class SAwMILProbe(Probe):
                 record(None, C, prev[0], time.perf_counter() - t0)
         result = {}
         for C in self.Cs:
-            scores = np.empty(len(y))
+            scores = np.full(len(y), np.nan)
             for f, (fit_idx, held_idx) in enumerate(folds):
                 t0 = time.perf_counter()
                 model, mean, std = self._fit_one(C, train.subset(fit_idx), y[fit_idx], warm=self._full_fits.get(C))
@@ -133,6 +138,7 @@ class SAwMILProbe(Probe):
                 held = train.subset(held_idx)
                 scores[held_idx] = model.decision_function(((held.X - mean) / std).numpy(), held.offsets.numpy())
             result[C] = auroc(y[held_all], scores[held_all])
+            self._held_scores[C] = scores
         return result
 
     def decision_function(self, data: Features) -> np.ndarray:
