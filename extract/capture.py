@@ -1,7 +1,7 @@
 """Capture: render statements to token ids, form length-sorted batches, and run one forward pass per
 batch that returns every requested layer's hidden states of the real (non-padding) tokens.
 
-Layer numbering (design.md): 0 = embedding output (the input of decoder block 1), k = 1..L = the
+Layer numbering (README "Store layout"): 0 = embedding output (the input of decoder block 1), k = 1..L = the
 residual stream after decoder block k, before any final norm. Blocks after the last requested layer
 are not run, nor is the final norm or the LM head.
 """

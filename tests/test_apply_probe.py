@@ -14,35 +14,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apply_probe import apply, apply_to_statements, apply_to_store, hydra_arguments
+from apply_probe import apply, apply_to_statements, apply_to_store
 from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
 from extract.config import compose_config
 from extract.on_the_fly import extract_statements, store_model
-from extract.run import extract
-from extract.statements import load_statements
 from extract.store import ActivationStore, StoreError
 from probes.artifacts import ModelMismatch, artifact_path, fit_probe, load_probe, store_summary
 from probes.features import TOKEN_KINDS, layer_features
 from probes.pipeline import train_probes
+from tests.helpers import compose_apply, datapack_csv, extract_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYER = 2
-
-
-def datapack_csv(path: Path, real: slice, neither: slice) -> Path:
-    """A CSV datapack of city statements: the vendored rows `real` and synthetic (neither) rows `neither`."""
-    table = load_statements("city_locations")
-    synthetic = table[table["label"] == 2]
-    rows = np.r_[np.arange(len(table))[real], synthetic.index.to_numpy()[neither]]
-    table.iloc[rows][["statement", "label", "object_1", "object_2", "negation"]].to_csv(path, index=False)
-    return path
-
-
-def extract_csv(root: Path, name: str, csv: Path, store_dir: Path, *overrides: str) -> Path:
-    return extract(compose_config("extract", "model=tiny", "data=csv", f"data.path={csv}", f"data.name={name}",
-                                  "data.label_column=label", f"store_dir={store_dir}", *overrides))
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +152,6 @@ def test_text_scores_statements_like_the_store(dirs, capsys):
     np.testing.assert_allclose(got, expected, atol=1e-6)
     path = apply_to_statements(cells["true_vs_all"], ["Paris is a city in France."], root / "s", root / "results")
     assert json.loads(path.read_text())["classes"] == ["not true", "true"]
-
-
-def compose_apply(*args: str):
-    """The config `python -m apply_probe args` runs with (probe= / text= / csv= quoted as the CLI does)."""
-    return compose_config("apply_probe", *hydra_arguments(list(args)))
 
 
 def test_text_is_data_never_interpolated(dirs, tmp_path, monkeypatch, capsys):

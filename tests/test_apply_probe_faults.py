@@ -16,17 +16,15 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from apply_probe import apply, apply_to_store, hydra_arguments
+from apply_probe import apply, apply_to_store
 from evaluation.cells import CellError, read_cell
 from evaluation.splits import entity_groups, make_split
-from extract.config import compose_config
 from extract.errors import ToolkitError
 from extract.store import ActivationStore
 from probes.artifacts import artifact_path, fit_probe, load_probe
 from probes.base import ProbeError
 from probes.pipeline import train_probes
-from tests.conftest import assert_one_error_line, run_module
-from tests.test_train_probe import make_synthetic_store, run_cfg
+from tests.helpers import assert_one_error_line, compose_apply, make_synthetic_store, run_cfg, run_module
 
 D = 24   # the synthetic store's hidden size
 
@@ -134,11 +132,6 @@ def test_cli_crafted_pair_is_one_line_exit_1(dirs, cells, tmp_path, case, needle
                       f"store_dir={dirs / 'activations'}", f"results_dir={tmp_path / 'results'}", cwd=tmp_path)
     assert_one_error_line(done, needle)
     assert not (tmp_path / "results").exists()
-
-
-def compose_apply(*args: str):
-    """The config `python -m apply_probe args` runs with (the same quoting of probe= / text= / csv=)."""
-    return compose_config("apply_probe", *hydra_arguments(list(args)))
 
 
 def test_overwrite_goes_through_the_typed_schema(dirs, cells, tmp_path):

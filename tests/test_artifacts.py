@@ -16,7 +16,7 @@ from evaluation.cells import CellError, read_cell
 from extract.config import compose_config
 from probes.artifacts import artifact_path, load_probe
 from probes.pipeline import train_probes
-from tests.test_train_probe import make_synthetic_store
+from tests.helpers import make_synthetic_store
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [("linear", "true_vs_all", []), ("linear", "multiclass", []), ("mlp", "true_vs_all", []),

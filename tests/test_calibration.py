@@ -17,7 +17,7 @@ from extract.store import ActivationStore, store_path
 from probes.features import layer_features
 from probes.mean_diff import MeanDiffProbe
 from probes.pipeline import degenerate_reasons, fit_and_evaluate, grid_edge, train_probes
-from tests.test_train_probe import make_synthetic_store, probe_config
+from tests.helpers import make_synthetic_store, probe_config
 
 
 def _weaken(path, strength: float, seed: int = 1) -> None:

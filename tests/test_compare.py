@@ -19,7 +19,7 @@ from experiments.compare import ESTIMANDS, compare_cells
 from experiments.report import write_report
 from extract.config import compose_config
 from probes.pipeline import train_probes
-from tests.test_train_probe import make_synthetic_store
+from tests.helpers import make_synthetic_store
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,6 @@ import sys
 from functools import partial
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,42 +17,15 @@ import pytest
 from experiments.cross_model import depth_quarter, depth_summary, verdict
 from evaluation.selective import holm
 from extract.config import compose_config
-from extract.statements import load_statements
-from extract.store import KIND_SPECIAL, KIND_STATEMENT, create_store
 from probes.pipeline import train_probes
+from tests.helpers import make_depth_store
 
 ROOT = Path(__file__).resolve().parent.parent
-D = 16
 # model: (stored layers, n_layers, layer of the strongest signal, probes)
 MODELS = {"toy-a": ([0, 2, 4, 6, 8], 8, 6, ("mean_diff", "samil")),
           "toy-b": ([0, 2, 4, 6], 6, 2, ("mean_diff",))}
 TASKS = "[true_vs_all,false_vs_all,neither_vs_all,multiclass]"
 SAMIL_LAYERS = [4, 6]   # samil is swept at 2 of toy-a's 5 stored layers, as the real study fitted it at one
-
-
-def make_depth_store(store_dir: Path, model: str, layers: list[int], n_layers: int, peak: int,
-                     n_real: int = 200, n_neither: int = 100, seed: int = 0) -> Path:
-    """tests/test_train_probe.make_synthetic_store with more layers: a store for `model` (n_layers deep)
-    of city_locations statements whose last two statement tokens carry a class direction of strength
-    3 / (1 + |layer - peak|)."""
-    table = load_statements("city_locations")
-    table = table.iloc[np.r_[0:n_real, len(table) - n_neither:len(table)]].reset_index(drop=True)
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(4, 8, size=len(table))
-    ids = [rng.integers(10, 500, size=n) for n in lengths]
-    kinds = [np.r_[KIND_SPECIAL, np.full(n - 1, KIND_STATEMENT)].astype(np.int8) for n in lengths]
-    path = store_dir / model / "city_locations.h5"
-    create_store(path, table, ids, kinds, layers, D, "float32",
-                 {"model_id": model, "model_fingerprint": "0", "n_layers": n_layers, "datapack": "city_locations"})
-    ends = np.cumsum(lengths)
-    with h5py.File(path, "r+") as f:
-        for k in layers:
-            x = rng.standard_normal((ends[-1], D)).astype(np.float32)
-            for end, label in zip(ends, table["label"]):
-                x[end - 2:end, label] += 3.0 / (1 + abs(k - peak))
-            f[f"layers/{k}"][:] = x
-        f.attrs["n_done"] = len(table)
-    return path
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:

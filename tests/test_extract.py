@@ -24,7 +24,7 @@ from extract.models import decoder_layers, load_model
 from extract.run import extract
 from extract.statements import StatementsError, limit_statements, load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError, StoreWriter
-from tests.conftest import extract_config
+from tests.helpers import extract_config
 from zero_shot.scoring import scored_rows
 
 ROOT = Path(__file__).resolve().parent.parent

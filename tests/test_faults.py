@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import h5py
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from extract.store import ActivationStore, StoreError
+from tests.helpers import fill_disk, tmpfs
 
 ROOT = Path(__file__).resolve().parent.parent
 N, WINDOW = 300, 600
@@ -50,21 +51,6 @@ runpy.run_module("extract", run_name="__main__", alter_sys=True)
 
 
 # ------------------------------------------------------------------------------------- helpers
-@contextmanager
-def tmpfs(target: Path, size: str, *options: str):
-    """A tmpfs of `size` mounted at `target` (needs root; CI runs as root), unmounted afterwards."""
-    target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs",
-                           str(target)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {done.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(target)], capture_output=True)
-
-
 def command(store_dir: Path, *extra: str, kill_after: str | None = None) -> list[str]:
     """`python -m extract` with the STANDARD options; `kill_after`: SIGKILL once that function of
     extract.store has returned."""
@@ -192,18 +178,6 @@ def punch_unwritten_chunks(path: Path, first_row: int) -> int:
     finally:
         os.close(fd)
     return len(spans)
-
-
-def fill_disk(folder: Path) -> Path:
-    filler = folder / "filler"
-    with filler.open("wb") as f:
-        try:
-            while True:
-                f.write(b"\1" * (1 << 20))
-                f.flush()
-        except OSError:
-            pass
-    return filler
 
 
 def test_write_failure_mid_run_stops_with_one_line_and_rerun_completes(tmp_path, reference):

@@ -13,8 +13,8 @@ import torch
 from extract.config import compose_config
 from probes.features import Features
 from probes.pipeline import make_probe
-from tests.conftest import assert_one_error_line, run_module
-from tests.test_train_probe import make_synthetic_store
+from tests.helpers import assert_one_error_line, run_module
+from tests.helpers import make_synthetic_store
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from extract.statements import DATA_DIR, load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT
 from ncb.interference import perturbations
 from ncb.neighbourhoods import ncb_scores, neighbourhoods, part_of_rows, py_bins, select_groups
-from tests.conftest import assert_one_error_line, run_module
+from tests.helpers import assert_one_error_line, run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from probes.linear import LinearProbe
 from probes.mlp import MLPProbe
 from probes.samil import SAwMILProbe, make_planted_bags
 from probes.pipeline import train_probes
-from tests.test_train_probe import make_synthetic_store, run_cfg
+from tests.helpers import make_synthetic_store, run_cfg
 
 
 def vectors(n: int = 360, d: int = 12, seed: int = 0) -> tuple[Features, np.ndarray]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from extract.config import compose_config
 from probes.pipeline import train_probes
-from tests.test_apply_probe import datapack_csv, extract_csv
+from tests.helpers import datapack_csv, extract_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKERS = re.compile(r"<!-- python-api-example -->\s*```python\n(.*?)```\s*<!-- /python-api-example -->", re.S)

@@ -16,7 +16,7 @@ from experiments.report import write_report
 from experiments.tables import cell_flag, with_holm
 from extract.config import compose_config
 from probes.pipeline import train_probes
-from tests.test_train_probe import make_synthetic_store
+from tests.helpers import make_synthetic_store
 
 
 @pytest.fixture(scope="module")

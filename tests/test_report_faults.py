@@ -21,10 +21,7 @@ from experiments.tables import ReportError, load_cells, publish
 from extract.config import compose_config
 from extract.errors import ToolkitError, hydra_error_line
 from probes.pipeline import train_probes
-from tests.conftest import assert_one_error_line, run_module
-from tests.test_cross_model import make_depth_store
-from tests.test_faults import fill_disk, tmpfs
-from tests.test_train_probe import make_synthetic_store
+from tests.helpers import assert_one_error_line, fill_disk, make_depth_store, make_synthetic_store, run_module, tmpfs
 
 CELL = Path("synthetic/city_locations/linear/true_vs_all/entity_disjoint/layer=1/seed=0.json")
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from sklearn.metrics import matthews_corrcoef, roc_auc_score
 
-from experiments.bench.bench_samil import blas_one_thread, package_fit_and_score
+from experiments.bench.bench_samil import blas_one_thread, package_fit_and_score, split_bags
 from probes.features import Features
 from probes.samil import (
     SAwMIL,
@@ -33,18 +33,11 @@ from probes.samil import (
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
-def _split(X, offsets, y, idx):
-    """Bags ``idx`` of a padding-free set -> (X, offsets, y) of those bags."""
-    rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in idx])
-    lens = np.array([offsets[i + 1] - offsets[i] for i in idx])
-    return X[rows], np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), y[idx]
-
-
 def _train_test(n_train, n_test, dim, shift, seed):
     """Planted bags sharing one direction, split into train / test bags."""
     X, off, y, planted, u = make_planted_bags(n_train + n_test, dim, shift=shift, seed=seed)
-    train = _split(X, off, y, np.arange(n_train))
-    test = _split(X, off, y, np.arange(n_train, n_train + n_test))
+    train = split_bags(X, off, y, np.arange(n_train))
+    test = split_bags(X, off, y, np.arange(n_train, n_train + n_test))
     return train, test
 
 

@@ -18,8 +18,7 @@ from extract.store import ActivationStore
 from probes.artifacts import SUFFIX, artifact_path, fit_probe, load_probe
 from probes.features import layer_features
 from probes.pipeline import train_probes
-from tests.test_faults import tmpfs
-from tests.test_train_probe import make_synthetic_store, run_cfg
+from tests.helpers import make_synthetic_store, run_cfg, tmpfs
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = "[true_vs_all,multiclass,true_vs_false,neither_vs_all]"
@@ -31,7 +30,7 @@ KILL_SWEEP = """
 import os, shutil, signal, sys
 import torch
 torch.set_num_threads(1)
-from tests.test_train_probe import run_cfg
+from tests.helpers import run_cfg
 from probes.pipeline import train_probes
 dirs, old, work, new, tasks, n_points = sys.argv[1:7]
 for k in range(1, int(n_points) + 1):

@@ -15,7 +15,7 @@ import pytest
 
 from probes.artifacts import artifact_path
 from probes.pipeline import train_probes
-from tests.test_train_probe import make_synthetic_store, run_cfg
+from tests.helpers import comparable, make_synthetic_store, run_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"]
@@ -26,16 +26,6 @@ def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("shared")
     make_synthetic_store(root / "activations", n_real=300, n_neither=150)
     return root
-
-
-def comparable(path: Path) -> dict:
-    """A cell without its timing and provenance (which differ between two runs: the command, the hash of
-    a config with another results_dir)."""
-    cell = json.loads(path.read_text())
-    cell.pop("fit_seconds")
-    cell.pop("provenance")
-    cell["config"].pop("results_dir")
-    return cell
 
 
 @pytest.mark.parametrize("probe", ["mlp", "linear"])   # mlp: random initialisation; linear: CV inside each head

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 
 from extract.config import CONF_DIR, compose_config
 from probes.pipeline import train_probes
-from tests.test_train_probe import make_synthetic_store
+from tests.helpers import make_synthetic_store
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES, LAYERS = ("mean_diff", "linear"), (0, 1)

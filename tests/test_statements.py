@@ -12,7 +12,7 @@ import pytest
 from evaluation.splits import make_split
 from extract.run import extract
 from extract.statements import DATA_DIR, StatementsError, limit_statements, load_statements
-from tests.conftest import extract_config
+from tests.helpers import extract_config
 
 
 def readme_table() -> dict[str, tuple[int, int, int, int]]:

@@ -14,8 +14,7 @@ import torch
 from experiments.sweep import COST, plan
 from extract.errors import ToolkitError
 from probes.pipeline import train_probes
-from tests.test_shared_heads import comparable
-from tests.test_train_probe import make_synthetic_store, run_cfg
+from tests.helpers import comparable, make_synthetic_store, run_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 

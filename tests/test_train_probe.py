@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -13,40 +12,10 @@ import pytest
 from sklearn.metrics import matthews_corrcoef
 
 from extract.config import compose_config
-from extract.statements import load_statements
-from extract.store import KIND_SPECIAL, KIND_STATEMENT, create_store
 from probes.pipeline import probe_cell_path, train_probes
+from tests.helpers import make_synthetic_store, probe_config, run_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
-probe_config = partial(compose_config, "train_probe")
-D = 24
-
-
-def make_synthetic_store(store_dir: Path, n_real: int = 900, n_neither: int = 400, seed: int = 0) -> Path:
-    """A store for model `synthetic`, datapack city_locations: real statements and entities, random
-    token vectors; at layer 1 the last two statement tokens carry a planted direction per class.
-    Layer 0 is pure noise."""
-    table = load_statements("city_locations")
-    table = table.iloc[np.r_[0:n_real, len(table) - n_neither:len(table)]].reset_index(drop=True)
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(4, 10, size=len(table))
-    ids = [rng.integers(10, 500, size=n) for n in lengths]
-    kinds = [np.r_[KIND_SPECIAL, np.full(n - 1, KIND_STATEMENT)].astype(np.int8) for n in lengths]
-    path = store_dir / "synthetic" / "city_locations.h5"
-    create_store(path, table, ids, kinds, [0, 1], D, "float32",
-                 {"model_id": "synthetic", "model_fingerprint": "0", "n_layers": 1, "datapack": "city_locations"})
-    directions = np.eye(D)[:3] * 5.0
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    noise = rng.standard_normal((2, offsets[-1], D)).astype(np.float32)
-    for i, label in enumerate(table["label"]):
-        noise[1, offsets[i + 1] - 2:offsets[i + 1]] += directions[label]
-    import h5py
-
-    with h5py.File(path, "r+") as f:
-        f["layers/0"][:] = noise[0]
-        f["layers/1"][:] = noise[1]
-        f.attrs["n_done"] = len(table)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +23,6 @@ def synthetic_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     make_synthetic_store(root / "activations")
     return root
-
-
-def run_cfg(dirs: Path, *overrides: str):
-    return probe_config("model.name=synthetic", f"store_dir={dirs / 'activations'}",
-                        f"results_dir={dirs / 'results'}", "n_boot=100", *overrides)
 
 
 @pytest.mark.parametrize("probe", ["linear", "mlp", "mean_diff", "samil"])
