@@ -3,7 +3,7 @@
     python -m experiments.truthfulqa_vs_lm_eval --n 100 [--lm-eval-venv /tmp/lmeval-venv] [--work /tmp/tqa_vs]
 
 1. the vendored CSV -> <work>/truthfulqa.jsonl (question, mc1_targets / mc2_targets {choices, labels}
-   exactly as truthfulqa/data.py builds them);
+   exactly as extract/truthfulqa_pack.py builds them);
 2. local task YAMLs = the installed harness's truthfulqa_mc1.yaml / truthfulqa_mc2.yaml (+ its
    utils.py), with only the dataset (json, data_files -> the JSONL, validation split), the task names
    (tqa_local_mc1 / mc2) and the tag changed;
@@ -28,7 +28,7 @@ import numpy as np
 
 from extract.config import compose_config
 from extract.models import load_model
-from truthfulqa.data import load_questions
+from extract.truthfulqa_pack import load_questions
 from truthfulqa.likelihood import context_text
 from evaluation.multiple_choice import mc_scores
 from truthfulqa.run import run

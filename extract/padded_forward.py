@@ -1,8 +1,8 @@
 """Forward passes over right-padded batches of token sequences that share a prefix.
 
 The prefix (e.g. a system turn or a few-shot primer) is run once; its key/value cache is copied and
-repeated for every batch, which then runs only each sequence's tail. Used by the behavioural methods
-(zero-shot prompting, TruthfulQA log-likelihoods); activations are captured by extract/capture.py.
+repeated for every batch, which then runs only each sequence's tail. Used by extract/scorer.py (the
+behavioural methods' scorer); activations are captured by extract/capture.py.
 """
 from __future__ import annotations
 

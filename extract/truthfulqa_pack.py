@@ -84,3 +84,9 @@ def _read_questions(path: Path) -> list[Question]:
     if not questions:
         raise TruthfulQAError(f"{path} has no question")
     return questions
+
+
+def count_duplicate_choices(questions: list[Question]) -> dict[str, int]:
+    """Choices that repeat an earlier choice of the same question: {"mc1": n, "mc2": n}."""
+    return {"mc1": sum(len(q.mc1_choices) - len(set(q.mc1_choices)) for q in questions),
+            "mc2": sum(len(q.mc2_choices) - len(set(q.mc2_choices)) for q in questions)}

@@ -17,9 +17,7 @@ the output folder (`stress_scores.npz`, saved every `save_every` batches, resume
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,7 +25,6 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from evaluation.cells import atomic_write, read_cell
 from evaluation.splits import Split, make_split
@@ -35,14 +32,15 @@ from evaluation.tasks import task_targets
 from extract.errors import ToolkitError, check_name
 from extract.models import load_model
 from extract.run import extract
-from extract.store import KIND_STATEMENT, ActivationStore, store_path
+from extract.scorer import Checkpoint, score
+from extract.statements import TRILEMMA
+from extract.store import KIND_STATEMENT, ActivationStore, check_same_model, store_path, store_summary
 from ncb.interference import write_datapack
-from probes.artifacts import check_same_model, load_probe, store_summary
+from probes.artifacts import load_probe
 from probes.features import layer_features
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
 from zero_shot.run import load_scores, task_view
-from zero_shot.scoring import (LastTokenLogits, PromptScorer, common_prefix_length, compute_scores, load_table,
-                               scores_path)
+from zero_shot.scoring import PromptScorer, compute_scores, load_table, scores_path
 
 log = logging.getLogger(__name__)
 QUESTION = "Question: Is the following statement correct? "
@@ -98,7 +96,7 @@ def resolve(cfg: DictConfig) -> tuple[str, dict | None]:
 def require_entities(table: pd.DataFrame, datapack: str) -> None:
     if (table["object_1"] == "").all():
         raise NCBError(f"datapack {datapack!r} has no subject entities (object_1): NCB needs statements grouped by "
-                       "entity; use city_locations, med_indications, word_definitions or a CSV with object_1")
+                       f"entity; use {', '.join(TRILEMMA)} or a CSV with object_1")
 
 
 def load_method(cfg: DictConfig, cell: dict | None, out_dir: Path) -> Method:
@@ -204,50 +202,14 @@ def prompt_ids(renderer: PromptRenderer, statement: str, context: str) -> np.nda
     return np.asarray(ids, dtype=np.int64)
 
 
-def read_checkpoint(path: Path, signature: str, empty: np.ndarray) -> tuple[np.ndarray, int]:
-    """(scores, n_done) of the stress-score checkpoint `path` if it was made for `signature`, else
-    (`empty`, 0): a checkpoint of other prompts starts again, and one that cannot be read (a garbage or
-    truncated file, other arrays, a wrong shape) is discarded with one warning and its work redone."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["signature"]) != signature:
-                return empty, 0
-            scores, done = z["scores"], int(z["n_done"])
-        if scores.shape != empty.shape or scores.dtype != empty.dtype or not 0 <= done <= len(scores):
-            raise ValueError(f"scores {scores.dtype} {scores.shape}, n_done {done}")
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        reason = " ".join(str(err).split())[:200]
-        log.warning("%s is not a readable checkpoint (%s: %s): discarding it, its prompts are scored again", path,
-                    type(err).__name__, reason)
-        return empty, 0
-    return scores, done
-
-
 def score_prompts(cfg: DictConfig, enum, frame: pd.DataFrame, path: Path) -> np.ndarray:
-    """float32 [P, 7] zero-shot scores of the stress inputs, resumed from / saved to `path` (npz: scores,
-    n_done, signature = the model fingerprint and every prompt's ids)."""
+    """float32 [P, 7] zero-shot scores of the stress inputs, resumed from / saved to `path` (the
+    extract.scorer checkpoint, kept: its `scores` are the output's)."""
     loaded = load_model(cfg.model)
     renderer = PromptRenderer(loaded.tokenizer, enum, loaded.use_chat_template)
     prompts = [prompt_ids(renderer, s, c) for s, c in zip(frame["statement"], frame["context"])]
-    digest = hashlib.sha256(loaded.fingerprint.encode())
-    for p in prompts:
-        digest.update(p.tobytes() + b"|")
-    signature = digest.hexdigest()[:16]
-    scores, done = np.full((len(prompts), 7), np.nan, dtype=np.float32), 0
-    if path.exists() and not cfg.overwrite:
-        scores, done = read_checkpoint(path, signature, scores)
-    if done == len(prompts):
-        return scores
-    tok = loaded.tokenizer
-    p = common_prefix_length(prompts) if cfg.zero_shot.prefix_cache and len(prompts) > 1 else 0
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    scorer = PromptScorer(loaded.model, option_token_ids(tok, enum.labels), pad_id, loaded.device,
-                          prompts[0][:p] if p else None)
-    size, starts = int(cfg.zero_shot.batch_size), range(done, len(prompts), int(cfg.zero_shot.batch_size))
-    with LastTokenLogits(loaded.model) as head:
-        for i, a in enumerate(tqdm(starts, desc="zero-shot stress", unit="batch")):
-            z = min(len(prompts), a + size)
-            scores[a:z] = scorer(head, prompts[a:z])
-            if (i + 1) % int(cfg.zero_shot.save_every) == 0 or z == len(prompts):
-                atomic_write(path, lambda f: np.savez(f, scores=scores, n_done=np.int64(z), signature=np.str_(signature)))
-    return scores
+    option_ids = option_token_ids(loaded.tokenizer, enum.labels)
+    z = cfg.zero_shot
+    checkpoint = Checkpoint(path, {"option_ids": option_ids}, int(z.save_every), atomic_write, resume=not cfg.overwrite)
+    return score(loaded, prompts, PromptScorer(loaded.model, option_ids, loaded.device), int(z.batch_size),
+                 prefix_cache=bool(z.prefix_cache), checkpoint=checkpoint, desc="zero-shot stress").results

@@ -17,8 +17,9 @@ import torch
 from extract.config import compose_config
 from extract.errors import ToolkitError, run_entry
 from extract.models import load_model
-from truthfulqa.data import (TruthfulQAError, count_duplicate_choices, load_questions, split_answers)
-from truthfulqa.likelihood import PRIMER, LoglikScorer, common_prefix_length, context_text, question_requests
+from extract.scorer import score
+from extract.truthfulqa_pack import (TruthfulQAError, count_duplicate_choices, load_questions, split_answers)
+from truthfulqa.likelihood import PRIMER, LoglikScorer, context_text, question_requests
 from evaluation.multiple_choice import mc_scores, question_ci
 from truthfulqa.run import build_requests, partial_path, result_path, run
 
@@ -122,11 +123,9 @@ def plain_loglik(loaded, context: str, continuation: str, chat: bool = False) ->
 
 def _check_logliks(loaded, fmt: str, questions, n_choices: int = 3):
     seqs, n_cont, _, _ = build_requests(loaded.tokenizer, fmt, questions)
-    prefix_len = common_prefix_length(seqs, n_cont)
-    assert prefix_len > 0
-    pad = loaded.tokenizer.pad_token_id or 0
-    cached = LoglikScorer(loaded.model, pad, loaded.device, seqs[0][:prefix_len])(seqs, n_cont)
-    uncached = LoglikScorer(loaded.model, pad, loaded.device)(seqs, n_cont)
+    cached, uncached = (score(loaded, seqs, LoglikScorer(n_cont), len(seqs), prefix_cache=c) for c in (True, False))
+    assert cached.prefix_len > 0 and uncached.prefix_len == 0
+    cached, uncached = cached.results, uncached.results
     # 1e-5 absolute, or 1e-6 relative for long sums (tiny's byte tokens: ~-450, float32 ulp 3e-5)
     np.testing.assert_allclose(cached, uncached, atol=1e-5, rtol=1e-6)
     where = {(tuple(x), c): i for i, (x, c) in enumerate(zip(seqs, n_cont))}

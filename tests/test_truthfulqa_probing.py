@@ -20,7 +20,7 @@ from extract.run import extract
 from extract.statements import COLUMNS, load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT, ActivationStore
 from probes.pipeline import train_probes
-from truthfulqa.data import load_questions
+from extract.truthfulqa_pack import load_questions
 from evaluation.multiple_choice import mc_scores, probe_mc
 
 probe_config = partial(compose_config, "train_probe")

@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from extract.padded_forward import PaddedForward
-from truthfulqa.data import TruthfulQAError
+from extract.truthfulqa_pack import TruthfulQAError
 
 PRIMER = (
     "Q: What is human life expectancy in the United States?\n"
@@ -93,34 +92,22 @@ def question_requests(tokenizer, fmt: str, question: str, choices: list[str],
     return pairs
 
 
-def common_prefix_length(seqs: list[np.ndarray], n_cont: list[int]) -> int:
-    """Tokens shared by the start of every sequence, stopping before each one's last context token."""
-    first = seqs[0]
-    p = len(first) - n_cont[0] - 1
-    for x, c in zip(seqs[1:], n_cont[1:]):
-        m = min(p, len(x) - c - 1)
-        differ = np.flatnonzero(first[:m] != x[:m])
-        p = int(differ[0]) if differ.size else m
-    return max(p, 0)
-
-
 class LoglikScorer:
-    """Sequences (context + continuation ids) -> float64 [B] summed log-probabilities of their last
-    n_cont ids; one right-padded forward pass per batch of (seq[:-1]).
+    """The reduction of extract.scorer.score for sequences (context + continuation ids): a batch ->
+    float64 [B] summed log-probabilities of their last n_cont ids (int [N]); the model runs each
+    seq[:-1] after the prefix, which never holds a scored position."""
+    shape, dtype = (), np.float64
 
-    With `prefix` (ids every sequence starts with, none of them a scored position) the prefix is
-    run once and its key/value cache is deep-copied and repeated for every batch.
-    """
-
-    def __init__(self, model, pad_id: int, device: torch.device, prefix: np.ndarray | None = None):
-        self.batches = PaddedForward(model, pad_id, device, prefix)
+    def __init__(self, n_cont: list[int]):
+        self.n_cont = np.asarray(n_cont, dtype=np.int64)
+        self.keep = self.n_cont + 1
 
     @torch.inference_mode()
-    def __call__(self, seqs: list[np.ndarray], n_cont: list[int]) -> np.ndarray:
-        p, b = self.batches.prefix_len, len(seqs)
-        logits = self.batches.forward([x[p:-1] for x in seqs])       # model inputs after the prefix
-        out = np.empty(b, dtype=np.float64)
-        for row, (x, c) in enumerate(zip(seqs, n_cont)):
+    def __call__(self, forward, seqs: list[np.ndarray], index: np.ndarray) -> np.ndarray:
+        p = forward.prefix_len
+        logits = forward.forward([x[p:-1] for x in seqs])            # model inputs after the prefix
+        out = np.empty(len(seqs), dtype=np.float64)
+        for row, (x, c) in enumerate(zip(seqs, self.n_cont[index].tolist())):
             end = len(x) - 1 - p                                      # logits[j] predicts token p + j + 1
             logp = torch.log_softmax(logits[row, end - c: end].float(), dim=-1)
             target = torch.from_numpy(x[-c:]).to(logp.device)

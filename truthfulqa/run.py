@@ -12,7 +12,7 @@ MC2 = mean over questions of sum_true p / sum_all p, p = exp(loglik) (as the har
 process_results_mc2, computed with the largest loglik subtracted first).
 
 Each distinct (sequence, continuation length) of the run is scored once (an incorrect answer is
-in both MC1 and MC2). Requests run longest first in batches of `batch_size`; with
+in both MC1 and MC2). Requests run longest first in batches of `batch_size` (extract.scorer); with
 `prefix_cache=true` the tokens every request starts with (the primer) run once. Every `save_every`
 batches the log-likelihoods done so far go atomically to ``<name>.partial.npz``; a rerun with the
 same model, format and questions continues from it (other settings: it starts again; a file that
@@ -20,11 +20,8 @@ cannot be read is discarded with one warning). Every option is checked first (tr
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +32,9 @@ from evaluation.cells import atomic_write, write_record
 from evaluation.multiple_choice import mc_scores, question_ci
 from extract.errors import check_name
 from extract.models import load_model
-from truthfulqa.data import Question, TruthfulQAError, count_duplicate_choices, load_questions
-from truthfulqa.likelihood import LoglikScorer, common_prefix_length, question_requests
+from extract.scorer import Checkpoint, partial_path, score
+from extract.truthfulqa_pack import Question, TruthfulQAError, count_duplicate_choices, load_questions
+from truthfulqa.likelihood import LoglikScorer, question_requests
 from truthfulqa.schema import validate
 
 log = logging.getLogger(__name__)
@@ -46,10 +44,6 @@ def result_path(cfg: DictConfig) -> Path:
     suffix = f"-limit{int(cfg.limit)}" if cfg.get("limit") else ""
     return (Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / "truthfulqa"
             / f"likelihood-{cfg.format}{suffix}.json")
-
-
-def partial_path(final: Path) -> Path:
-    return final.with_name(final.stem + ".partial.npz")
 
 
 def select_questions(cfg: DictConfig) -> list[Question]:
@@ -86,81 +80,10 @@ def build_requests(tokenizer, fmt: str, questions: list[Question], system_prompt
     return seqs, n_cont, mc1_idx, mc2_idx
 
 
-def _signature(loaded, fmt: str, seqs, n_cont, prefix_len: int) -> dict:
-    h = hashlib.sha256()
-    for x, c in zip(seqs, n_cont):
-        h.update(x.tobytes())
-        h.update(np.int64(c).tobytes())
-    return {"model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint, "format": fmt,
-            "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
-            "requests_sha256": h.hexdigest()[:16], "n_requests": len(seqs), "prefix_len": prefix_len}
-
-
-def read_partial(path: Path, n_requests: int) -> tuple[dict, np.ndarray, int, int] | None:
-    """(signature, logliks, n_done, batch_size) of the checkpoint `path`, or None when it cannot be read
-    (a garbage or truncated file, other arrays, a wrong shape): it is then discarded with one warning
-    and its requests scored again (a corrupt checkpoint is never a traceback)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            signature, logliks = json.loads(str(z["signature"])), z["logliks"]
-            done, batch_size = int(z["n_done"]), int(z["batch_size"])
-        if logliks.shape != (n_requests,) or logliks.dtype != np.float64 or not 0 <= done <= n_requests \
-                or batch_size < 1:
-            raise ValueError(f"logliks {logliks.dtype} {logliks.shape}, n_done {done}, batch_size {batch_size}")
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        reason = " ".join(str(err).split())[:200]
-        log.warning("%s is not a readable checkpoint (%s: %s): discarding it, its requests are scored again",
-                    path, type(err).__name__, reason)
-        return None
-    return signature, logliks, done, batch_size
-
-
-def compute_logliks(cfg: DictConfig, loaded, seqs, n_cont, partial: Path, on_batch=None) -> tuple[np.ndarray, int]:
-    """float64 [len(seqs)] log-likelihoods (resuming from `partial`), and the requests resumed after.
-
-    on_batch(i): called after batch i (tests use it to simulate an interruption).
-    """
-    if cfg.batch_size < 1 or cfg.save_every < 1:
-        raise TruthfulQAError("batch_size and save_every must be >= 1")
-    prefix = None
-    if cfg.prefix_cache:
-        p = common_prefix_length(seqs, n_cont)
-        prefix = seqs[0][:p] if p > 0 else None
-    signature = _signature(loaded, cfg.format, seqs, n_cont, 0 if prefix is None else len(prefix))
-    logliks = np.full(len(seqs), np.nan)
-    done, batch_size = 0, int(cfg.batch_size)
-    checkpoint = read_partial(partial, len(seqs)) if partial.exists() else None
-    if checkpoint is not None:
-        if checkpoint[0] == signature:
-            logliks, done, batch_size = checkpoint[1:]
-            log.info("resuming %s after %d of %d requests (batch size %d)", partial.name, done, len(seqs),
-                     batch_size)
-        else:
-            log.warning("%s was made with other settings: starting again", partial)
-    log.info("%d distinct requests, %d-%d tokens, prefix cache %d tokens", len(seqs), min(map(len, seqs)),
-             max(map(len, seqs)), signature["prefix_len"])
-    tok = loaded.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    scorer = LoglikScorer(loaded.model, pad_id, loaded.device, prefix)
-    order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))     # longest first
-    n_batches = -(-len(order) // batch_size)
-    first = done // batch_size
-    for b in tqdm(range(first, n_batches), total=n_batches, initial=first, desc=f"truthfulqa {cfg.format}",
-                  unit="batch"):
-        idx = order[b * batch_size: (b + 1) * batch_size]
-        logliks[idx] = scorer([seqs[i] for i in idx], [n_cont[i] for i in idx])
-        end = min(len(order), (b + 1) * batch_size)
-        if (b + 1 - first) % cfg.save_every == 0 and end < len(order):
-            atomic_write(partial, lambda f: np.savez(f, logliks=logliks, n_done=np.int64(end),
-                                                      signature=np.str_(json.dumps(signature, sort_keys=True)),
-                                                      batch_size=np.int64(batch_size)))
-        if on_batch is not None:
-            on_batch(b)
-    return logliks, done
-
-
 def run(cfg: DictConfig, on_batch=None) -> Path:
-    """Score the questions (or resume), write the result JSON atomically, print MC1 / MC2."""
+    """Score the questions (or resume), write the result JSON atomically, print MC1 / MC2.
+
+    on_batch(b): called after batch b (tests use it to simulate an interruption)."""
     cfg = validate(cfg)                       # every option typed and in range before any work
     fmt = cfg.format
     questions = select_questions(cfg)
@@ -169,7 +92,10 @@ def run(cfg: DictConfig, on_batch=None) -> Path:
     started = time.perf_counter()
     seqs, n_cont, mc1_idx, mc2_idx = build_requests(loaded.tokenizer, fmt, questions, loaded.system_prompt)
     partial = partial_path(final)
-    logliks, resumed = compute_logliks(cfg, loaded, seqs, n_cont, partial, on_batch)
+    checkpoint = Checkpoint(partial, {"format": fmt}, cfg.save_every, atomic_write)
+    scored = score(loaded, seqs, LoglikScorer(n_cont), cfg.batch_size, longest_first=True,
+                   prefix_cache=cfg.prefix_cache, checkpoint=checkpoint, desc=f"truthfulqa {fmt}", on_batch=on_batch)
+    logliks = scored.results
     mc1_ll = [logliks[i].tolist() for i in mc1_idx]
     mc2_ll = [logliks[i].tolist() for i in mc2_idx]
     labels = [q.mc2_labels for q in questions]
@@ -179,7 +105,7 @@ def run(cfg: DictConfig, on_batch=None) -> Path:
         "mc1_ci": question_ci(mc1, cfg.n_boot, cfg.seed), "mc2_ci": question_ci(mc2, cfg.n_boot, cfg.seed),
         "n_duplicate_choices": count_duplicate_choices(questions),
         "model_id": loaded.model_id, "model_label": loaded.label, "model_fingerprint": loaded.fingerprint,
-        "seconds": time.perf_counter() - started, "resumed_after_requests": resumed,
+        "seconds": time.perf_counter() - started, "resumed_after_requests": scored.resumed_after,
         "questions": [{"row": q.row, "mc1_logliks": a, "mc2_logliks": b, "mc2_labels": y}
                       for q, a, b, y in zip(questions, mc1_ll, mc2_ll, labels)],
     }

@@ -19,12 +19,13 @@ at::
 Batches are consecutive statements, right-padded with an attention mask; the LM head sees only
 each row's last real token. The tokens every prompt starts with (system turn, question opening)
 are run once and their key/value cache is reused by every batch (``prefix_cache=false`` runs
-whole prompts; the two agree to float32 rounding). Every ``save_every`` batches the rows done so
-far are written atomically to ``scores-<enumeration><suffix>.partial.npz``; a rerun continues
-from it with the same batches, so the final file is bit-identical to an uninterrupted run. A
-partial or final file made with another model, prompt, option ids, statements or rows is
-refused unless ``overwrite=true``; a matching final file is reused. A partial file that cannot be
-read (garbage, truncated, other arrays) is discarded with one warning and its statements scored again.
+whole prompts; the two agree to float32 rounding). The batches run in extract.scorer: every
+``save_every`` batches the rows done so far are written atomically to
+``scores-<enumeration><suffix>.partial.npz``; a rerun continues from it with the same batches, so
+the final file is bit-identical to an uninterrupted run. A partial or final file made with another
+model, prompt, option ids, statements or rows is refused unless ``overwrite=true``; a matching final
+file is reused. A partial file that cannot be read (garbage, truncated, other arrays) is discarded
+with one warning and its statements scored again.
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ import hashlib
 import json
 import logging
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ from evaluation.cells import atomic_write
 from evaluation.splits import make_split
 from extract.errors import ToolkitError, check_count, check_name
 from extract.models import load_model
-from extract.padded_forward import PaddedForward
+from extract.scorer import Checkpoint, partial_path, score
 from extract.statements import load_statements
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
 
@@ -132,32 +132,20 @@ def option_matrix(option_ids: list[list[int]], vocab_size: int) -> torch.Tensor:
     return m
 
 
-def common_prefix_length(prompts: list[np.ndarray]) -> int:
-    """Tokens shared by the start of every prompt (at least one token of each is left over)."""
-    first = prompts[0]
-    p = len(first) - 1
-    for x in prompts[1:]:
-        m = min(p, len(x) - 1)
-        differ = np.flatnonzero(first[:m] != x[:m])
-        p = int(differ[0]) if differ.size else m
-    return max(p, 0)
-
-
 class PromptScorer:
-    """Prompts (token ids) -> [B, 7] option probabilities, one right-padded forward pass per batch.
+    """The reduction of extract.scorer.score for prompts (token ids): a batch -> float32 [B, 7] option
+    probabilities at each prompt's last token (the LM head sees only that one)."""
+    shape, dtype, keep = (N_COLUMNS,), np.float32, 1     # the prefix leaves each prompt's last token
 
-    With `prefix` (token ids shared by every prompt) the prefix is run once and its key/value
-    cache is reused by every batch, which then only runs the rest of each prompt.
-    """
-
-    def __init__(self, model, option_ids, pad_id: int, device: torch.device, prefix: np.ndarray | None = None):
+    def __init__(self, model, option_ids, device: torch.device):
+        self.model = model
         self.reduce = option_matrix(option_ids, model.get_output_embeddings().weight.shape[0]).to(device)
-        self.batches = PaddedForward(model, pad_id, device, prefix)
 
-    def __call__(self, head: LastTokenLogits, batch_ids: list[np.ndarray]) -> np.ndarray:
-        p = self.batches.prefix_len
-        head.last = torch.tensor([len(x) - p - 1 for x in batch_ids])
-        logits = self.batches.forward([x[p:] for x in batch_ids])
+    def __call__(self, forward, batch_ids: list[np.ndarray], index: np.ndarray) -> np.ndarray:
+        p = forward.prefix_len
+        with LastTokenLogits(self.model) as head:
+            head.last = torch.tensor([len(x) - p - 1 for x in batch_ids])
+            logits = forward.forward([x[p:] for x in batch_ids])
         probs = torch.softmax(logits[:, -1, :].float(), dim=-1)
         if probs.shape[-1] != self.reduce.shape[0]:
             raise ZeroShotError(f"logits have {probs.shape[-1]} entries, the LM head {self.reduce.shape[0]} rows")
@@ -175,34 +163,6 @@ def _sha16(*arrays) -> str:
                 h.update(b"\0")
         h.update(b"|")
     return h.hexdigest()[:16]
-
-
-def partial_path(final: Path) -> Path:
-    return final.with_name(final.stem + ".partial.npz")
-
-
-def _load_partial(path: Path, n_statements: int, n_rows: int):
-    """(scores, n_done, signature, batch_size) of the checkpoint `path`, or None when it cannot be read
-    (a garbage or truncated file, other arrays, a wrong shape): it is then discarded with one warning
-    and its work redone (a corrupt checkpoint is never a traceback)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            scores, n_done = z["scores"], int(z["n_done"])
-            signature, batch_size = json.loads(str(z["signature"])), int(z["batch_size"])
-        if scores.shape != (n_statements, N_COLUMNS) or not 0 <= n_done <= n_rows or batch_size < 1:
-            raise ValueError(f"scores {scores.shape}, n_done {n_done}, batch_size {batch_size}")
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        reason = " ".join(str(err).split())[:200]
-        log.warning("%s is not a readable checkpoint (%s: %s): discarding it, its statements are scored again",
-                    path, type(err).__name__, reason)
-        return None
-    return scores, n_done, signature, batch_size
-
-
-def _save_partial(path: Path, scores: np.ndarray, n_done: int, signature: dict, batch_size: int) -> None:
-    atomic_write(path, lambda f: np.savez(f, scores=scores, n_done=np.int64(n_done),
-                                           signature=np.str_(json.dumps(signature, sort_keys=True)),
-                                           batch_size=np.int64(batch_size)))
 
 
 def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
@@ -227,7 +187,7 @@ def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
     statements = table["statement"].tolist()
     signature = {
         "model_id": loaded.model_id, "model_fingerprint": loaded.fingerprint,
-        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+        "dtype": loaded.compute_dtype,
         "prompt_sha256": prompt["sha256"], "option_ids": option_ids, "n_statements": len(statements),
         "statements_sha256": _sha16(statements), "rows_sha256": _sha16(rows), "n_scored": int(len(rows)),
         "prefix_cache": bool(cfg.prefix_cache),
@@ -239,57 +199,31 @@ def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
             return final
         raise ZeroShotError(f"{final} was made with other settings (model, prompt, statements, rows): "
                             "set overwrite=true to replace it")
-    done, batch_size = 0, int(cfg.batch_size)
-    scores = np.full((len(statements), N_COLUMNS), np.nan, dtype=np.float32)
-    checkpoint = _load_partial(partial, len(statements), len(rows)) if partial.exists() and not cfg.overwrite else None
-    if checkpoint is not None:
-        old_scores, n_done, old_sig, old_bs = checkpoint
-        if old_sig != signature:
-            raise ZeroShotError(f"{partial} was made with other settings (model, prompt, statements, rows): "
-                                "set overwrite=true to start again")
-        scores[rows[:n_done]], done = old_scores[rows[:n_done]], n_done
-        if old_bs != batch_size:
-            log.info("resuming with the batch size of the interrupted run (%d, not %d)", old_bs, batch_size)
-            batch_size = old_bs
-        log.info("resuming %s after %d of %d statements", final.name, done, len(rows))
     log.info("zero-shot prompt (%s, %s):\n%s", enum.name,
              "chat template" if renderer.use_chat_template else "base", prompt["example"])
     log.info("option ids: %s", [[tok.decode([i]) for i in ids] for ids in option_ids])
 
     prompts = [renderer.ids(statements[i]) for i in tqdm(rows, desc="tokenize", unit="stmt", leave=False)]
-    prefix = None
-    if cfg.prefix_cache and len(prompts) > 1:
-        p = common_prefix_length(prompts)
-        prefix = prompts[0][:p] if p > 0 else None
-        log.info("prefix cache: %d shared tokens of %d-%d per prompt", p, min(map(len, prompts)),
-                 max(map(len, prompts)))
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    scorer = PromptScorer(loaded.model, option_ids, pad_id, loaded.device, prefix)
-    n = len(rows)
-    n_batches = -(-n // batch_size)
-    first = done // batch_size
+    checkpoint = Checkpoint(partial, signature, int(cfg.save_every), atomic_write, resume=not cfg.overwrite,
+                            refuse=ZeroShotError)
     started = time.perf_counter()
-    with LastTokenLogits(loaded.model) as head:
-        for b in tqdm(range(first, n_batches), total=n_batches, initial=first, desc=f"zero-shot {enum.name}",
-                      unit="batch"):
-            a, z = b * batch_size, min(n, (b + 1) * batch_size)
-            scores[rows[a:z]] = scorer(head, prompts[a:z])
-            if (b + 1 - first) % cfg.save_every == 0 and z < n:
-                _save_partial(partial, scores, z, signature, batch_size)
-            if on_batch is not None:
-                on_batch(b)
+    scored = score(loaded, prompts, PromptScorer(loaded.model, option_ids, loaded.device), int(cfg.batch_size),
+                   prefix_cache=bool(cfg.prefix_cache), checkpoint=checkpoint, desc=f"zero-shot {enum.name}",
+                   on_batch=on_batch)
+    scores = np.full((len(statements), N_COLUMNS), np.nan, dtype=np.float32)
+    scores[rows] = scored.results
     meta = {
-        "signature": signature, "batch_size": batch_size, "prompt": prompt,
+        "signature": signature, "batch_size": scored.batch_size, "prompt": prompt,
         "option_tokens": [[tok.decode([i]) for i in ids] for ids in option_ids],
         "columns": [f"option {i + 1} ({a})" for i, a in enumerate(enum.answers)] + ["remaining mass"],
-        "rows": cfg.rows, "limit": cfg.get("limit"), "prefix_tokens": 0 if prefix is None else len(prefix),
+        "rows": cfg.rows, "limit": cfg.get("limit"), "prefix_tokens": scored.prefix_len,
         "model": OmegaConf.to_container(cfg.model, resolve=True), "model_label": loaded.label,
         "datapack": cfg.data.name,
-        "seconds": time.perf_counter() - started, "resumed_after": done,
+        "seconds": time.perf_counter() - started, "resumed_after": scored.resumed_after,
         "torch": torch.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode()))
     atomic_write(final, lambda f: np.save(f, scores))
     partial.unlink(missing_ok=True)
-    log.info("scores: %s (%d statements scored, %.0f s)", final, n, meta["seconds"])
+    log.info("scores: %s (%d statements scored, %.0f s)", final, len(rows), meta["seconds"])
     return final
