@@ -1,4 +1,9 @@
 """`python -m train_probe probe=... task=... layer=...`: compose the config, train, write result cells."""
+from extract.config import answer_help
+from probes.schema import TrainProbeSchema
+
+answer_help(__name__, "train_probe", TrainProbeSchema)   # before the imports below: --help needs no torch
+
 import logging
 
 from omegaconf import DictConfig

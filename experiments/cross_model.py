@@ -35,8 +35,12 @@ two-sided bootstrap p (`<difference>_p_raw`), Holm-adjusted over the claim's fam
 """
 from __future__ import annotations
 
+from extract.config import answer_help
+from experiments.schema import CrossModelSchema
+
+answer_help(__name__, "cross_model", CrossModelSchema)   # before the imports below: --help is quick
+
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +52,7 @@ from evaluation.metrics import ABSTAIN
 from evaluation.selective import paired_bootstrap
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import (ALPHA, SplitChoice, best_layers, cell_of, layer_table, load_cells,
+from experiments.tables import (ALPHA, best_layers, cell_of, layer_table, load_cells,
                                 p_text, publish, with_holm)
 from extract.errors import check_count, check_name, hydra_main, run_entry
 from extract.schema import check_writable, typed_options
@@ -398,17 +402,6 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
     out = publish(Path(reports_dir) / "cross_model", build)
     log.info("cross-model report written to %s (%d model / datapack pairs)", out, len(study))
     return out
-
-
-@dataclass
-class CrossModelSchema:
-    """`python -m experiments.cross_model`'s options (conf/cross_model.yaml), checked before any work."""
-    models: list[str] = field(default_factory=list)
-    datapacks: list[str] = field(default_factory=list)
-    split: SplitChoice = field(default_factory=SplitChoice)
-    n_boot: int = 1000
-    results_dir: str = "results"
-    reports_dir: str = "reports"
 
 
 def cross_model(cfg: DictConfig) -> Path:

@@ -28,23 +28,26 @@ apart from the sampling interval `<metric>_boot_lo/_hi` (mean of the seeds' boot
 """
 from __future__ import annotations
 
+from extract.config import answer_help
+from experiments.schema import ReportSchema
+
+answer_help(__name__, "report", ReportSchema)   # before the imports below: --help needs no torch
+
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 from omegaconf import DictConfig
 
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import (ALPHA, Named, best_layers, cell_of, layer_table, load_cells, publish,
+from experiments.tables import (ALPHA, best_layers, cell_of, layer_table, load_cells, publish,
                                 with_holm, yes_no)
 from experiments.cross_model import write_cross_model
 from experiments.ncb_report import write_ncb
-from experiments.transfer import DATAPACKS, write_transfer
+from experiments.transfer import write_transfer
 from experiments.truthfulqa_report import write_truthfulqa
-from extract.statements import TRUTHFULQA
+from extract.statements import TRILEMMA, TRUTHFULQA
 from extract.errors import hydra_main, run_entry
 from extract.schema import check_writable, typed_options
 
@@ -143,16 +146,6 @@ def _versus_markdown(versus: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class ReportSchema:
-    """`python -m experiments.report`'s options (conf/report.yaml), checked before any work."""
-    model: Named = field(default_factory=Named)
-    data: Named = field(default_factory=Named)
-    results_dir: str = "results"
-    reports_dir: str = "reports"
-    cross_model: Optional[list[str]] = None
-
-
 _HINTS = {"cross_model": "a list of models, e.g. cross_model=[smollm2,gemma3-270m], or null"}
 
 
@@ -169,7 +162,7 @@ def report(cfg: DictConfig) -> Path:
     out = write_report(Path(options["results_dir"]), Path(options["reports_dir"]), options["model"]["name"],
                        options["data"]["name"])
     if options["cross_model"]:   # several models: the cross-model view of the three Trilemma datapacks
-        write_cross_model(options["results_dir"], options["reports_dir"], options["cross_model"], list(DATAPACKS))
+        write_cross_model(options["results_dir"], options["reports_dir"], options["cross_model"], list(TRILEMMA))
     return out
 
 

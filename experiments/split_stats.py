@@ -15,9 +15,7 @@ from omegaconf import OmegaConf
 
 from evaluation.splits import make_split
 from extract.config import compose_config
-from extract.statements import load_statements
-
-PACKS = ("city_locations", "med_indications", "word_definitions")
+from extract.statements import TRILEMMA, load_statements
 
 
 def mentioned(table, rows, columns) -> set:
@@ -28,7 +26,7 @@ def mentioned(table, rows, columns) -> set:
 def rows() -> list[dict]:
     cfg = OmegaConf.to_container(compose_config("train_probe", "split=entity_disjoint").split, resolve=True)
     out = []
-    for name in PACKS:
+    for name in TRILEMMA:
         table = load_statements(name)
         for disjoint in (False, True):
             split = make_split(table, **{**cfg, "disjoint_calibration_test": disjoint})

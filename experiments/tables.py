@@ -11,37 +11,18 @@ import os
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Callable
-
-from omegaconf import MISSING
 
 import numpy as np
 import pandas as pd
 
 from evaluation.cells import CellError, cell_path, read_cell, remove_stale_temps
 from evaluation.selective import holm
-from evaluation.splits import KINDS
 from extract.disk import fsync_path
 from extract.errors import ToolkitError, check_name
 
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
-SplitKind = Enum("SplitKind", {k: k for k in KINDS})
-
-
-@dataclass
-class Named:
-    """A config group of which a report reads only the name (model=, data=)."""
-    name: str = MISSING
-
-
-@dataclass
-class SplitChoice:
-    """The split group (conf/split/) of which a report reads only the kind: split=entity_disjoint | reference | ..."""
-    kind: SplitKind = SplitKind.entity_disjoint
-
 ALPHA = 0.05   # every table's significance level: a test is significant when its (raw or Holm) p < ALPHA
 
 

@@ -18,10 +18,13 @@ cell's test split). Writes to <reports_dir>/<model>/:
 """
 from __future__ import annotations
 
+from extract.config import answer_help
+from experiments.schema import TRANSFER_TASKS, TransferSchema
+
+answer_help(__name__, "transfer", TransferSchema)   # before the imports below: --help needs no torch
+
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -32,14 +35,13 @@ from evaluation.cell_metrics import raw_auroc
 from evaluation.cells import CellError
 from evaluation.selective import paired_bootstrap
 from experiments.plots import pyplot
-from experiments.tables import (Named, SplitChoice, best_layers, cell_flag, layer_table, load_cells,
+from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
 from extract.errors import check_name, hydra_main, run_entry
 from extract.schema import check_writable, typed_options
+from extract.statements import TRILEMMA
 
 log = logging.getLogger(__name__)
-DATAPACKS = ("city_locations", "med_indications", "word_definitions")
-TASKS = ("true_vs_false", "multiclass")
 KEYS = ["probe", "task", "split", "layer"]
 COLUMNS = ["probe", "task", "split", "layer", "train", "eval", "mcc", "mcc_lo", "mcc_hi", "wmcc", "wmcc_lo", "wmcc_hi",
            "acceptance", "n", "auroc", "auroc_lo", "auroc_hi", "single_label", "flag", "path"]
@@ -68,7 +70,7 @@ def auroc_interval(cell: dict) -> list[float]:
     return paired_bootstrap(auroc, y.size, groups=groups, n_boot=m["n_boot"], seed=m["seed"])["ci"]  # one statistic
 
 
-def transfer_table(results_dir, model: str, datapacks=DATAPACKS, tasks=TASKS, split: str = "entity_disjoint",
+def transfer_table(results_dir, model: str, datapacks=TRILEMMA, tasks=TRANSFER_TASKS, split: str = "entity_disjoint",
                    store_dir=None) -> pd.DataFrame:
     """One row per (probe, task, train datapack, eval datapack) whose cell exists; with `store_dir`,
     missing transfer cells are computed first from its stores."""
@@ -101,7 +103,7 @@ def transfer_table(results_dir, model: str, datapacks=DATAPACKS, tasks=TASKS, sp
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def write_transfer(results_dir, reports_dir, model: str, datapacks=DATAPACKS, tasks=TASKS,
+def write_transfer(results_dir, reports_dir, model: str, datapacks=TRILEMMA, tasks=TRANSFER_TASKS,
                    split: str = "entity_disjoint", store_dir=None) -> Path:
     """The transfer tables and heat-maps of `model` in <reports_dir>/<model>/ (see the module
     docstring); `store_dir` given: missing transfer cells are computed first, else only existing
@@ -171,18 +173,6 @@ def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str)
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
-
-
-@dataclass
-class TransferSchema:
-    """`python -m experiments.transfer`'s options (conf/transfer.yaml), checked before any work."""
-    model: Named = field(default_factory=Named)
-    datapacks: list[str] = field(default_factory=lambda: list(DATAPACKS))
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    split: SplitChoice = field(default_factory=SplitChoice)
-    results_dir: str = "results"
-    reports_dir: str = "reports"
-    store_dir: Optional[str] = "activations"
 
 
 def transfer(cfg: DictConfig) -> Path:

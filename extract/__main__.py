@@ -1,4 +1,9 @@
 """`python -m extract model=... data=...`: compose the config, run one extraction."""
+from extract.config import answer_help
+from extract.schema import ExtractSchema
+
+answer_help(__name__, "extract", ExtractSchema)   # before the imports below: --help needs no torch
+
 import logging
 
 from omegaconf import DictConfig

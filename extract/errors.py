@@ -9,10 +9,12 @@ Relaunching the sweep reruns only what is missing (existing cells are skipped).
 
 `hydra_main` is `hydra.main` for every entry point: Hydra's own errors (an unknown config group option,
 an override it cannot apply, a plugin `_target_` it refuses), raised before the entry point's code
-runs, are printed as one line too, and Hydra callbacks can only be the ones the toolkit's configs name.
+runs, are printed as one line too (a mistyped choice or option with the closest names: "did you
+mean ...?"), and Hydra callbacks can only be the ones the toolkit's configs name.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import os
@@ -121,7 +123,11 @@ def _raised_by_hydra(err: Exception) -> bool:
 
 def hydra_error_line(err: Exception) -> str:
     """Hydra's multi-line message as one line: its lines joined by "; ", a list of available options
-    joined by ", ", the search path, OmegaConf's key details and the HYDRA_FULL_ERROR hint left out."""
+    joined by ", ", the search path, OmegaConf's key details and the HYDRA_FULL_ERROR hint left out (a
+    mistyped group choice or option close to a known one: `misspelt_line`'s line)."""
+    misspelt = misspelt_line(err)
+    if misspelt:
+        return misspelt
     text = str(err)
     cause = err.__cause__
     if cause is not None and str(cause).strip() and str(cause).strip() not in text:
@@ -140,6 +146,26 @@ def hydra_error_line(err: Exception) -> str:
             parts.append(line)
     parts = [part.rstrip(",.") for part in parts]
     return "; ".join(parts) or type(err).__name__
+
+
+def misspelt_line(err: Exception) -> str | None:
+    """Hydra's error for an unknown config group choice or option whose name is close to known ones
+    (difflib) as one line naming them, e.g. `probe=linaer: no such probe; did you mean linear? (choices:
+    linear, mlp, ...)` or `lyer: no such option; did you mean layer?`; None for any other error."""
+    missing, choices = getattr(err, "missing_cfg_file", None), getattr(err, "options", None)
+    if missing and choices:
+        group, _, name = missing.rpartition("/")
+        close = difflib.get_close_matches(name, choices, n=3)
+        return f"{group}={name}: no such {group}; did you mean {' or '.join(close)}? (choices: " \
+               f"{', '.join(choices)})" if close else None
+    cause = err.__cause__
+    parent, key = getattr(cause, "parent_node", None), getattr(cause, "full_key", None)
+    if parent is None or not key or "not in struct" not in str(cause):
+        return None
+    prefix, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, [str(k) for k in parent.keys() if k != "hydra"], n=3)
+    head = prefix + "." if prefix else ""
+    return f"{key}: no such option; did you mean {' or '.join(head + c for c in close)}?" if close else None
 
 
 def _print_error(message: str) -> None:

@@ -6,11 +6,16 @@ Every failure is one ToolkitError line naming the option. The YAML files stay th
 schema is applied in `validate` (inside the entry point, so its errors reach `run_entry`: Hydra
 reports errors of its own composition on several lines). Keys a schema does not list (options of
 other entry points sharing a config group) pass through unchecked.
+
+Every entry point's schema declares each of its own options (not its config groups' keys) with
+`option(default, help)`: the YAML's default (tests/test_schemas.py checks they agree) and the
+one-line description `--help` prints (extract.config.answer_help).
 """
 from __future__ import annotations
 
+import copy
 import os
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import Field, dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -29,6 +34,28 @@ _HINTS = {"limit": "a whole number >= 1, or null for every statement", "batch_to
           "model.hidden_size": "a whole number", "model.n_layers": "a whole number", "model.instruct": "true or false"}
 _MISSING_HINTS = {"data.name": "the store's file name, e.g. data.name=mine",
                   "data.path": "the CSV file, e.g. data.path=my.csv"}
+
+
+def option(default, help: str) -> Field:
+    """A schema field: the option's default (a list or dict is copied for each instance) and its one-line `help`."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def schema_options(schema, groups=(), prefix: str = "") -> dict[str, Field]:
+    """The options `schema` (a dataclass) declares, by dotted name (`trainer.accelerator`): nested dataclasses
+    flattened, its top-level fields named in `groups` (config groups: model, data, ...) left out."""
+    out = {}
+    for f in fields(schema):
+        if f.name in groups:
+            continue
+        nested = _nested(f)
+        if nested is not None:
+            out.update(schema_options(nested, (), f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = f
+    return out
 
 
 @dataclass
@@ -63,14 +90,16 @@ class DataSchema:
 class ExtractSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     data: DataSchema = field(default_factory=DataSchema)
-    store_dir: str = "activations"
-    layers: Any = "all"
-    dtype: StoredDtype = MISSING
-    limit: Optional[int] = None        # extract.statements.limit_statements' subset of N statements
-    overwrite: bool = False
-    batch_tokens: int = 4096
-    window_tokens: Any = "auto"
-    window_mb: int = 512
+    store_dir: str = option("activations", "the stores: <store_dir>/<model.name>/<data.name>.h5")
+    layers: Any = option("all", "all, one int, or a list such as [0,8,16]; 0 = embeddings, L = last block")
+    dtype: StoredDtype = option("${model.store_dtype}", "stored dtype: float16 | bfloat16 | float32 (default: the "
+                                "model's store_dtype)")
+    limit: Optional[int] = option(None, "N statements for quick runs: every label in the datapack's proportions, "
+                                  "whole subjects, fixed seed (extract.statements.limit_statements)")
+    overwrite: bool = option(False, "replace an existing store made with other settings")
+    batch_tokens: int = option(4096, "padded tokens per forward pass (batch size x longest statement)")
+    window_tokens: Any = option("auto", "tokens per write (the unit of resumption); auto: as many as fit window_mb")
+    window_mb: int = option(512, "buffer memory per window (up to three windows are held at once)")
 
 
 def validate(cfg: DictConfig) -> DictConfig:
@@ -107,9 +136,15 @@ def _known(values: dict, schema) -> dict:
     for f in fields(schema):
         if f.name in values:
             sub = values[f.name]
-            nested = f.default_factory() if callable(f.default_factory) else None
-            out[f.name] = _known(sub, type(nested)) if is_dataclass(nested) and isinstance(sub, dict) else sub
+            nested = _nested(f)
+            out[f.name] = _known(sub, nested) if nested is not None and isinstance(sub, dict) else sub
     return out
+
+
+def _nested(f: Field):
+    """The dataclass a schema field holds (a nested block of options or a config group), else None."""
+    default = f.default_factory() if callable(f.default_factory) else None
+    return type(default) if is_dataclass(default) else None
 
 
 def _update(base: dict, new: dict) -> dict:

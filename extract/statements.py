@@ -53,6 +53,7 @@ DATAPACKS = {
         "word_types_synthetic", "word_instances_synthetic", "word_synonyms_synthetic",
     ],
 }
+TRILEMMA = tuple(DATAPACKS)   # the three Trilemma datapacks (`all` = them together)
 DATAPACKS["all"] = [f for files in DATAPACKS.values() for f in files]
 TRUTHFULQA = "truthfulqa"
 HF_DATASET = "carlomarxx/trilemma-of-truth"
@@ -156,7 +157,7 @@ def _read_csv(path: Path, statement_column: str, label_column: str | None) -> pd
 def _read_hf(datapack: str) -> pd.DataFrame:
     import datasets  # imported here: only this path needs it (and the hub)
 
-    names = ["city_locations", "med_indications", "word_definitions"] if datapack == "all" else [datapack]
+    names = list(TRILEMMA) if datapack == "all" else [datapack]
     tables = []
     for name in names:
         try:

@@ -1,5 +1,10 @@
 """`python -m ncb model=... data=... method=<cell.json|zero_shot>`: compose the config, compute the targets'
 NCB and the stress tests of one method."""
+from extract.config import answer_help
+from ncb.schema import NCBSchema
+
+answer_help(__name__, "ncb", NCBSchema)   # before the imports below: --help needs no torch
+
 import logging
 
 from omegaconf import DictConfig

@@ -16,7 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from evaluation.tasks import TASKS
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, typed_options
+from extract.schema import ModelSchema, check_writable, option, typed_options
 from ncb.interference import check_templates
 from zero_shot.prompts import get_enumeration
 
@@ -35,40 +35,43 @@ _MISSING_HINTS = {"method": "method=zero_shot or a probe's result cell, \"method
 
 @dataclass
 class ZeroShotOptions:
-    enumeration: str = "default"
-    task: Task = Task.multiclass
-    batch_size: int = 16
-    save_every: int = 8
-    prefix_cache: bool = True
+    enumeration: str = option("default", "method=zero_shot: the prompt's enumeration (as python -m zero_shot)")
+    task: Task = option(Task.multiclass, "class probabilities read (evaluation/tasks.py names)")
+    batch_size: int = option(16, "prompts per forward pass")
+    save_every: int = option(8, "batches between checkpoints of the stress scores")
+    prefix_cache: bool = option(True, "run the prompt's shared prefix once and reuse its key/value cache")
 
 
 @dataclass
 class ExtractOptions:
-    batch_tokens: int = 4096
-    window_tokens: Any = "auto"
-    window_mb: int = 512
+    batch_tokens: int = option(4096, "probe methods: padded tokens per forward pass of the stress inputs")
+    window_tokens: Any = option("auto", "tokens per write of the stress store (as python -m extract)")
+    window_mb: int = option(512, "buffer memory per window of the stress store")
 
 
 @dataclass
 class StressOptions:
-    neutral: str = MISSING
-    interferences: dict[str, dict[str, str]] = field(default_factory=dict)
+    neutral: str = option(MISSING, "the neutral passage; control = it cut to the next template's word count "
+                          "(text in conf/ncb.yaml)")
+    interferences: dict[str, dict[str, str]] = option(MISSING, "{interference: {level: template}} with {false}, "
+                                                      "{true}, {neighbour} (templates in conf/ncb.yaml)")
 
 
 @dataclass
 class NCBSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
-    method: str = MISSING
-    fractions: list[float] = field(default_factory=lambda: [0.05, 0.2, 0.35])
-    balance_by_py: bool = False
-    n_bins: int = 5
-    clip: float = 1e-10
-    n_boot: int = 1000
-    seed: int = 0
-    split_seed: int = 0
-    store_dir: str = "activations"
-    results_dir: str = "results"
-    overwrite: bool = False
+    method: str = option(MISSING, "a probe's result cell (results/.../layer=<k>/seed=<s>.json) or zero_shot")
+    fractions: list[float] = option([0.05, 0.2, 0.35], "high / low groups: top / bottom fraction of the valid test "
+                                    "targets by NCB")
+    balance_by_py: bool = option(False, "true: equal-count P(y) bins, top / bottom fraction inside each")
+    n_bins: int = option(5, "P(y) bins for balance_by_py")
+    clip: float = option(1e-10, "every p is clipped at this from below before the logarithms")
+    n_boot: int = option(1000, "cluster-bootstrap resamples (subject entities) for the 95 % intervals")
+    seed: int = option(0, "bootstrap seed")
+    split_seed: int = option(0, "entity_disjoint split seed of zero_shot (as python -m zero_shot)")
+    store_dir: str = option("activations", "clean store <store_dir>/<model>/<datapack>.h5; stress stores beside it")
+    results_dir: str = option("results", "<results_dir>/<model.name>/<data.name>/ncb/<method>/{targets,stress}.json")
+    overwrite: bool = option(False, "recompute existing outputs (and re-extract the stress store)")
     zero_shot: ZeroShotOptions = field(default_factory=ZeroShotOptions)
     extract: ExtractOptions = field(default_factory=ExtractOptions)
     stress: StressOptions = field(default_factory=StressOptions)

@@ -1,6 +1,8 @@
-"""Typed schema of `python -m train_probe`'s own options, checked before any work (see extract/schema.py).
+"""Typed schemas of `python -m train_probe`'s and `python -m apply_probe`'s own options, checked before any
+work (see extract/schema.py).
 
-Probe options (`probe.*`) are checked by each probe's constructor; these are the run's options.
+Probe options (`probe.*`) are checked by each probe's constructor; these are the runs' options. This
+module imports neither torch nor the probes: `--help` reads it (extract.config.answer_help).
 """
 from __future__ import annotations
 
@@ -8,11 +10,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from extract.errors import ToolkitError, check_count
-from extract.schema import check_writable, typed_options
+from extract.schema import check_writable, option, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
@@ -21,29 +22,54 @@ _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",
           "calibration_folds": "a whole number >= 2", "bootstrap": "cluster or iid",
           "calibration": "out_of_fold, out_of_fold_cv or in_sample", "trainer.accelerator": "auto, cpu or gpu"}
+APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
+               "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)",
+               "device": "auto, cpu, cuda or mps"}
 
 
 @dataclass
 class TrainerSchema:
-    accelerator: Accelerator = Accelerator.auto
+    accelerator: Accelerator = option(Accelerator.auto, "where the probes are fitted: cpu | gpu | auto")
 
 
 @dataclass
 class TrainProbeSchema:
-    layer: Any = 16
-    tasks: Optional[list[str]] = None
-    seed: int = 0
-    split_seed: int = 0
-    bootstrap: Bootstrap = Bootstrap.cluster
-    calibration: Calibration = Calibration.out_of_fold_cv
-    calibration_folds: int = 3
-    alpha: float = 0.1
-    mondrian: bool = False
-    n_boot: int = 1000
-    store_dir: str = "activations"
-    results_dir: str = "results"
-    overwrite: bool = False
+    layer: Any = option(16, "one layer, a list [4,8,16], or all (every stored layer, one read each)")
+    tasks: Optional[list[str]] = option(None, "several tasks in one job, e.g. [true_vs_all,multiclass]: each layer "
+                                        "read and its heads fitted once for all; null: the task= group's")
+    seed: int = option(0, "probe seed (initialisation, CV folds) and bootstrap seed")
+    split_seed: int = option(0, "entity_disjoint split seed (apart from seed: a multi-seed sweep varies only the "
+                             "probe)")
+    bootstrap: Bootstrap = option(Bootstrap.cluster, "intervals resample subject entities (object_1) with all their "
+                                  "statements | iid: statements")
+    calibration: Calibration = option(Calibration.out_of_fold_cv, "score map fitted on out-of-fold training scores: "
+                                      "out_of_fold_cv (the CV fold fits) | out_of_fold (refits) | in_sample")
+    calibration_folds: int = option(3, "grouped folds for the out-of-fold scores (out_of_fold_cv: also the probes' "
+                                    "CV folds)")
+    alpha: float = option(0.1, "conformal miscoverage level: sets cover the truth with prob. >= 1 - alpha")
+    mondrian: bool = option(False, "class-conditional conformal thresholds")
+    n_boot: int = option(1000, "bootstrap resamples for the 95 % intervals")
+    store_dir: str = option("activations", "the stores read: <store_dir>/<model.name>/<data.name>.h5")
+    results_dir: str = option("results", "result cells: <results_dir>/<model>/<datapack>/<method>/<task>/...")
+    overwrite: bool = option(False, "recompute cells that exist")
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
+
+
+@dataclass
+class ApplyProbeSchema:
+    """python -m apply_probe's options; `text` is declared for --help only: it is read raw (apply_probe.raw_text)."""
+    cell: Optional[str] = option(None, "the result cell whose saved probe is applied (probe=<path> on the command "
+                                 "line)")
+    text: Any = option(None, "one statement or a list: extracted now with the probe's model and template")
+    csv: Optional[str] = option(None, "a CSV file with a `statement` column (extracted likewise)")
+    name: Optional[str] = option(None, "output name of text= / csv= scores (default: text, or the CSV file's stem)")
+    data: Any = None                  # a data group: only its `name` is read (checked as a file name where used)
+    store_dir: str = option("activations", "the stores: <store_dir>/<the probe's model>/<data.name>.h5")
+    results_dir: str = option("results", "transfer cells: <results_dir>/<model>/<train>-><eval>/...; text: "
+                              "<model>/apply/")
+    overwrite: bool = option(False, "recompute a transfer cell that exists")
+    batch_tokens: int = option(4096, "padded tokens per forward pass (text= / csv=)")
+    device: str = option("auto", "where the model runs for text= / csv=: auto | cpu | cuda | cuda:N | mps")
 
 
 def validate(cfg: DictConfig) -> DictConfig:
@@ -54,6 +80,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ToolkitError(f"calibration_folds={checked['calibration_folds']}: give {_HINTS['calibration_folds']}")
     if not 0 < checked["alpha"] < 1:
         raise ToolkitError(f"alpha={checked['alpha']}: give {_HINTS['alpha']}")
+    import torch   # here, not at the top: --help imports this module
+
     if checked["trainer"]["accelerator"] in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ToolkitError(f"trainer.accelerator={checked['trainer']['accelerator']} but no GPU is visible: use "
                            "trainer.accelerator=cpu (or auto)")

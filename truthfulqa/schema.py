@@ -12,8 +12,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from extract.errors import check_count, check_name
-from extract.schema import ModelSchema, check_writable, typed_options
-from truthfulqa.likelihood import check_format
+from extract.schema import ModelSchema, check_writable, option, typed_options
 
 _HINTS = {"limit": "a whole number >= 1, or null for every question", "batch_size": "a whole number >= 1",
           "save_every": "a whole number >= 1", "prefix_cache": "true or false", "n_boot": "a whole number >= 1",
@@ -23,19 +22,22 @@ _HINTS = {"limit": "a whole number >= 1, or null for every question", "batch_siz
 @dataclass
 class TruthfulQASchema:
     model: ModelSchema = field(default_factory=ModelSchema)
-    format: str = "lm_eval"
-    limit: Optional[int] = None
-    data_path: Optional[str] = None
-    batch_size: int = 16
-    save_every: int = 8
-    prefix_cache: bool = True
-    n_boot: int = 1000
-    seed: int = 0
-    results_dir: str = "results"
+    format: str = option("lm_eval", "lm_eval (the harness's 6-shot primer) | chat (the model's chat template) | "
+                         "plain (no primer)")
+    limit: Optional[int] = option(None, "first N questions only")
+    data_path: Optional[str] = option(None, "the TruthfulQA CSV; null = data/truthfulqa/TruthfulQA.csv")
+    batch_size: int = option(16, "requests (question + choice) per forward pass, longest first")
+    save_every: int = option(8, "batches between progress checkpoints (the unit of resumption)")
+    prefix_cache: bool = option(True, "run the tokens shared by every request (the primer) once, reuse their cache")
+    n_boot: int = option(1000, "bootstrap resamples (over questions) for the 95 % intervals")
+    seed: int = option(0, "bootstrap seed")
+    results_dir: str = option("results", "<results_dir>/<model.name>/truthfulqa/likelihood-<format>[-limit<N>].json")
 
 
 def validate(cfg: DictConfig) -> DictConfig:
     """The config with every option's type and range checked (a plain DictConfig)."""
+    from truthfulqa.likelihood import check_format   # here, not at the top: --help imports this module (no torch)
+
     checked = typed_options(cfg, TruthfulQASchema, _HINTS)
     check_format(checked["format"])
     check_count(checked["limit"], "limit", none_ok=True)

@@ -1,5 +1,10 @@
 """`python -m zero_shot model=... data=... [enumeration=...] [scores=...]`: compose the config, score the
 statements (or load saved scores) and write the zero-shot result cells."""
+from extract.config import answer_help
+from zero_shot.schema import ZeroShotSchema
+
+answer_help(__name__, "zero_shot", ZeroShotSchema)   # before the imports below: --help needs no torch
+
 import logging
 
 from omegaconf import DictConfig

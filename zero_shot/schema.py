@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.metrics import resampling_groups
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, typed_options
+from extract.schema import ModelSchema, check_writable, option, typed_options
 from zero_shot.prompts import get_enumeration
 
 _HINTS = {"batch_size": "a whole number >= 1", "save_every": "a whole number >= 1", "limit": "a whole number >= 1, "
@@ -26,24 +26,29 @@ _HINTS = {"batch_size": "a whole number >= 1", "save_every": "a whole number >= 
 @dataclass
 class ZeroShotSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
-    enumeration: str = "default"
-    modes: Any = field(default_factory=lambda: ["argmax", "conformal"])
-    tasks: Any = field(default_factory=list)
-    scores: Any = None
-    evaluate: bool = True
-    batch_size: int = 16
-    save_every: int = 8
-    limit: Optional[int] = None
-    rows: str = "all"
-    prefix_cache: bool = True
-    overwrite: bool = False
-    seed: int = 0
-    split_seed: int = 0
-    bootstrap: str = "cluster"
-    alpha: float = 0.1
-    mondrian: bool = False
-    n_boot: int = 1000
-    results_dir: str = "results"
+    enumeration: str = option("default", "default (1..6) | shuffled (2,6,1,5,3,4) | tf (true/false wording) | "
+                              "abc (A..F)")
+    modes: Any = option(["argmax", "conformal"], "argmax over false/true/neither/abstain groups; split-conformal sets")
+    tasks: Any = option(["multiclass", "true_vs_all", "false_vs_all", "neither_vs_all", "true_vs_false"],
+                        "the tasks whose cells are written")
+    scores: Any = option(None, "evaluate saved N x 7 scores instead of running the model: a .npy, a list of .npy, "
+                         "or a folder")
+    evaluate: bool = option(True, "false: only compute the score file")
+    batch_size: int = option(16, "statements per forward pass (right padding)")
+    save_every: int = option(8, "batches between progress checkpoints (the unit of resumption)")
+    limit: Optional[int] = option(None, "first N statements only (score file scores-<enumeration>-limit<N>.npy)")
+    rows: str = option("all", "all | heldout: score only the calibration + test rows of split= (the others stay NaN)")
+    prefix_cache: bool = option(True, "run the prompt's shared prefix once and reuse its key/value cache")
+    overwrite: bool = option(False, "recompute a score file made with other settings")
+    seed: int = option(0, "bootstrap seed")
+    split_seed: int = option(0, "entity_disjoint split seed (apart from seed: a multi-seed sweep varies only the "
+                             "probe)")
+    bootstrap: str = option("cluster", "intervals resample subject entities (object_1) with all their statements | "
+                            "iid: statements")
+    alpha: float = option(0.1, "conformal miscoverage level")
+    mondrian: bool = option(False, "class-conditional conformal thresholds")
+    n_boot: int = option(1000, "bootstrap resamples for the 95 % intervals")
+    results_dir: str = option("results", "scores and cells under <results_dir>/<model.name>/<data.name>/")
 
 
 def validate(cfg: DictConfig) -> DictConfig:

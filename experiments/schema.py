@@ -1,0 +1,68 @@
+"""Typed schemas of the report entry points' options (`python -m experiments.report`, `.transfer`,
+`.cross_model`; conf/<name>.yaml holds the defaults), checked before any work by the one typed parser
+(extract.schema.typed_options). Light on purpose: `--help` reads this module (extract.config.answer_help).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from omegaconf import MISSING
+
+from evaluation.splits import KINDS
+from extract.schema import option
+from extract.statements import TRILEMMA
+
+TRANSFER_TASKS = ("true_vs_false", "multiclass")
+SplitKind = Enum("SplitKind", {k: k for k in KINDS})
+_SPLIT_SEED = "only fills the split group's ${split_seed}; cells of any split seed are read"
+
+
+@dataclass
+class Named:
+    """A config group of which a report reads only the name (model=, data=)."""
+    name: str = MISSING
+
+
+@dataclass
+class SplitChoice:
+    """The split group (conf/split/) of which a report reads only the kind: split=entity_disjoint | reference | ..."""
+    kind: SplitKind = SplitKind.entity_disjoint
+
+
+@dataclass
+class ReportSchema:
+    """`python -m experiments.report`'s options (conf/report.yaml)."""
+    model: Named = field(default_factory=Named)
+    data: Named = field(default_factory=Named)
+    results_dir: str = option("results", "the result cells read: <results_dir>/<model>/<datapack>/...")
+    reports_dir: str = option("reports", "tables and figures: <reports_dir>/<model>/<datapack>/")
+    cross_model: Optional[list[str]] = option(None, "e.g. [smollm2,gemma3-270m]: also <reports_dir>/cross_model/ "
+                                              "(MCC vs relative depth, claims)")
+
+
+@dataclass
+class TransferSchema:
+    """`python -m experiments.transfer`'s options (conf/transfer.yaml)."""
+    model: Named = field(default_factory=Named)
+    datapacks: list[str] = option(list(TRILEMMA), "train and eval datapacks (rows and columns)")
+    tasks: list[str] = option(list(TRANSFER_TASKS), "the tasks whose best-layer probes are applied")
+    split: SplitChoice = field(default_factory=SplitChoice)
+    split_seed: int = option(0, _SPLIT_SEED)
+    results_dir: str = option("results", "the result cells read, and transfer cells written")
+    reports_dir: str = option("reports", "-> <reports_dir>/<model>/transfer.csv, transfer.md, transfer_<task>.png")
+    store_dir: Optional[str] = option("activations", "missing transfer cells are computed from "
+                                      "<store_dir>/<model>/<datapack>.h5")
+
+
+@dataclass
+class CrossModelSchema:
+    """`python -m experiments.cross_model`'s options (conf/cross_model.yaml)."""
+    models: list[str] = option(["smollm2", "gemma3-270m"], "the models compared")
+    datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model")
+    split: SplitChoice = field(default_factory=SplitChoice)
+    split_seed: int = option(0, _SPLIT_SEED)
+    n_boot: int = option(1000, "resamples of every bootstrap interval")
+    results_dir: str = option("results", "the result cells read")
+    reports_dir: str = option("reports", "writes <reports_dir>/cross_model/ (whole or not at all)")

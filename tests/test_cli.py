@@ -1,0 +1,99 @@
+"""Issue 29, the command line: every entry point's `--help` lists its config groups with their choices and
+its options with their descriptions (from its schema) within seconds, importing neither torch nor
+lightning; a mistyped group choice or option is one error line saying what was meant."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from extract.config import CONF_DIR, compose_config, config_groups
+from extract.errors import misspelt_line
+from extract.schema import schema_options
+from tests.helpers import ROOT, assert_one_error_line, run_module
+from tests.test_schemas import SCHEMAS
+
+MODULES = {"extract": "extract", "train_probe": "train_probe", "apply_probe": "apply_probe", "zero_shot": "zero_shot",
+           "ncb": "ncb", "truthfulqa": "truthfulqa", "report": "experiments.report",
+           "transfer": "experiments.transfer", "cross_model": "experiments.cross_model"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# `python -m <module> --help` in this process (runpy), then the heavy modules it imported
+HELP_IMPORTS = """
+import runpy, sys
+module = sys.argv[1]
+sys.argv[1:] = ["--help"]
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+except SystemExit as done:
+    assert done.code in (0, None), done.code
+print("heavy:", sorted(m for m in ("torch", "lightning", "transformers", "sklearn") if m in sys.modules))
+"""
+
+
+def test_every_config_is_an_entry_point_here():
+    assert set(MODULES) == set(SCHEMAS) == {p.stem for p in CONF_DIR.glob("*.yaml")}
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_help_lists_groups_and_options_with_descriptions_quickly(name):
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", MODULES[name], "--help"], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=60)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0 and not done.stderr, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    groups = config_groups(compose_config(name, hydra=True))
+    for group in groups:
+        choices = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        assert any(line.split()[:1] == [group] and all(c in line for c in choices) for line in lines), group
+    for key, f in schema_options(SCHEMAS[name], groups).items():
+        assert any(line.strip().startswith(f"{key}=") and f.metadata["help"] in line for line in lines), key
+    assert seconds <= 5, f"--help took {seconds:.1f} s"      # about 1 s; the margin is for a loaded machine
+
+
+def test_train_probe_help_names_layer_probe_and_task():
+    done = subprocess.run([sys.executable, "-m", "train_probe", "-h"], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert any(line.strip().startswith("layer=16") and "one layer, a list" in line for line in lines), done.stdout
+    assert any(line.split()[:2] == ["probe", "*linear,"] and "samil" in line for line in lines), done.stdout
+    assert any(line.split()[:1] == ["task"] and "*true_vs_all" in line and "multiclass" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_help_imports_neither_torch_nor_lightning(name):
+    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS, MODULES[name]], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "heavy: []", done.stdout.splitlines()[-1]
+
+
+def test_hydra_help_is_still_hydras():
+    done = subprocess.run([sys.executable, "-m", "truthfulqa", "--hydra-help"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Hydra (" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module, args, line", [
+    ("train_probe", ["probe=linaer"], "probe=linaer: no such probe; did you mean linear? (choices: linear, mean_diff, "
+                                      "mlp, samil, sawmil)"),
+    ("train_probe", ["lyer=16"], "lyer: no such option; did you mean layer?"),
+    ("train_probe", ["probe=mlp", "probe.dpth=2"], "probe.dpth: no such option; did you mean probe.depth?"),
+    ("extract", ["model=smolm2"], "model=smolm2: no such model; did you mean smollm2? (choices: gemma3-270m, llama, "
+                                  "smollm2, tiny)"),
+])
+def test_a_mistyped_choice_or_option_is_one_line_saying_what_was_meant(tmp_path, module, args, line):
+    assert_one_error_line(run_module(module, *args, cwd=tmp_path), line)
+
+
+def test_a_name_close_to_nothing_keeps_hydras_line():
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    far = MissingConfigException("Could not find 'probe/xyz'", missing_cfg_file="probe/xyz", options=["linear", "mlp"])
+    assert misspelt_line(far) is None
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config("train_probe", "zzzz=1")
+    assert misspelt_line(err.value) is None
