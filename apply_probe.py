@@ -12,55 +12,41 @@ reproduced); on another datapack every statement the task defines. A store of an
 (fingerprint), stored dtype, compute dtype, tokenizer, chat template or system prompt, or without the
 probe's layer, is refused before anything is written.
 
-Options are typed by `ApplyProbeSchema` (extract.schema.typed_options, the parser every entry point
-uses) before any work: `overwrite=maybe` is one line, never a truthy string. `text=` is data: it is
-read as written, never resolved (`${oc.env:X}` in a statement is scored as those characters).
+Options are typed by `ApplyProbeSchema` (probes/schema.py; extract.schema.typed_options, the parser
+every entry point uses) before any work: `overwrite=maybe` is one line, never a truthy string. `text=`
+is data: it is read as written, never resolved (`${oc.env:X}` in a statement is scored as those
+characters).
 """
 from __future__ import annotations
+
+from extract.config import answer_help
+from probes.schema import APPLY_HINTS, ApplyProbeSchema
+
+answer_help(__name__, "apply_probe", ApplyProbeSchema)   # before the imports below: --help needs no torch
 
 import logging
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import CellError, cell_path, write_cell, write_record
-from evaluation.cell_metrics import cell_metrics
+from evaluation.cells import CellError, cell_path, cell_test, result_cell, write_cell, write_record
+from evaluation.cell_metrics import cell_metrics, datapack_metrics
 from evaluation.metrics import resampling_groups
-from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
 from extract.errors import ToolkitError, check_count, check_name, hydra_main, run_entry
 from extract.on_the_fly import extract_statements, model_attrs, store_model
 from extract.schema import typed_options
 from extract.statements import LABELS
-from extract.store import ActivationStore, StoreError, store_path
-from probes.artifacts import FittedProbe, check_same_model, load_probe, store_summary
+from extract.store import ActivationStore, StoreError, check_same_model, store_path, store_summary
+from probes.artifacts import FittedProbe, load_probe
 from probes.features import layer_features
 
 log = logging.getLogger("apply_probe")
-_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
-          "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)", "device": "auto, cpu, cuda or mps"}
-
-
-@dataclass
-class ApplyProbeSchema:
-    """python -m apply_probe's options (conf/apply_probe.yaml holds the defaults); `text` is not among
-    them: it is read raw (see `raw_text`)."""
-    cell: Optional[str] = None
-    data: Any = None                  # a data group: only its `name` is read (checked as a file name where used)
-    csv: Optional[str] = None
-    name: Optional[str] = None
-    store_dir: str = "activations"
-    results_dir: str = "results"
-    overwrite: bool = False
-    batch_tokens: int = 4096
-    device: str = "auto"
 
 
 def trained_probe(cell_file) -> tuple[FittedProbe, dict]:
@@ -105,28 +91,21 @@ def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwr
         features = layer_features(store, probe.layer, probe.representation, probe.tokens).subset(rows[positions])
         summary = store_summary(store)
         groups = entity_groups(table)[rows[positions]]
-    out = probe.score(features)
+    out = probe.score_all(features)
     y = y[positions]
     metrics = cell_metrics(y, out["scores"], out["probs"], out["pred"], out["sets"],
                            groups=resampling_groups(config["bootstrap"], groups), seed=config["seed"],
                            n_boot=config["n_boot"])
-    metrics.update(probe_mc_if_truthfulqa(eval_datapack, config["task"]["name"], table, rows[positions], out["probs"],
-                                          config["seed"], config["n_boot"]))   # a truth probe on TruthfulQA answers
-    cell = {
-        "config": {**config, "data": {"name": eval_datapack}},
-        "method": probe.cell.get("method"),
-        "transfer": {"probe_cell": str(cell_file), "train_data": config["data"]["name"], "eval_data": eval_datapack,
-                     "rows": "the probe's test split" if own else "every statement of the task"},
-        "layer": probe.layer,
-        "split": {"kind": probe.cell["split"]["kind"], "scored": "test" if own else "all"},
-        "store": summary,
-        "probe_store": probe.store,
-        "metrics": metrics,
-        "calibration_metrics": probe.cell.get("calibration_metrics", {}),  # of the probe, on its own datapack
-        "test": {"rows": positions.tolist(), "y": y.tolist(), "groups": groups.tolist(),
-                 "scores": out["scores"].tolist(), "probs": out["probs"].tolist(),
-                 "sets": out["sets"].astype(int).tolist(), "pred": out["pred"].tolist()},
-    }
+    metrics.update(datapack_metrics(eval_datapack, config["task"]["name"], table, rows[positions], out["probs"],
+                                    config["seed"], config["n_boot"]))   # e.g. a truth probe on TruthfulQA answers
+    cell = result_cell(
+        config={**config, "data": {"name": eval_datapack}}, method=probe.cell.get("method"),
+        transfer={"probe_cell": str(cell_file), "train_data": config["data"]["name"], "eval_data": eval_datapack,
+                  "rows": "the probe's test split" if own else "every statement of the task"},
+        layer=probe.layer, split={"kind": probe.cell["split"]["kind"], "scored": "test" if own else "all"},
+        store=summary, probe_store=probe.store, metrics=metrics,
+        calibration_metrics=probe.cell.get("calibration_metrics", {}),  # of the probe, on its own datapack
+        test=cell_test(positions, y, groups, out["scores"], out["probs"], out["sets"], out["pred"]))
     write_cell(path, cell)
     log.info("%s -> %s: MCC %.3f, W-MCC %.3f, acceptance %.3f (%d statements): %s", config["data"]["name"],
              eval_datapack, metrics["mcc"], metrics["wmcc"], metrics["acceptance"], metrics["n"], path)
@@ -157,7 +136,7 @@ def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir
     loaded = store_model(attrs, device)
     check_same_model(probe.store, {**attrs, **model_attrs(loaded)}, where)
     memory = extract_statements(loaded, statements, probe.layer, attrs["dtype"], batch_tokens)
-    out = probe.score(layer_features(memory, probe.layer, probe.representation, probe.tokens))
+    out = probe.score_all(layer_features(memory, probe.layer, probe.representation, probe.tokens))
     names = class_names(config["task"]["name"])
     results = []
     for i, text in enumerate(statements):
@@ -189,7 +168,7 @@ def validate(cfg: DictConfig) -> dict:
     options = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "text"}
     if isinstance(options.get("data"), dict):   # of a data group only the datapack's name is used here
         options["data"] = {"name": options["data"].get("name")}
-    checked = typed_options(OmegaConf.create(options), ApplyProbeSchema, _HINTS)
+    checked = typed_options(OmegaConf.create(options), ApplyProbeSchema, APPLY_HINTS)
     check_count(checked["batch_tokens"], "batch_tokens")
     if checked["name"] is not None:
         check_name(checked["name"], "name")

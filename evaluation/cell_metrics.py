@@ -6,6 +6,11 @@ import numpy as np
 
 from evaluation.conformal import acceptance_by_label
 from evaluation.metrics import auroc, evaluate, json_value
+from evaluation.multiple_choice import truth_probe_mc
+from extract.statements import TRUTHFULQA
+
+# datapack -> (task, table, rows [M], probs [M, K], seed, n_boot) -> the metrics only its cells have
+DATAPACK_METRICS = {TRUTHFULQA: truth_probe_mc}
 
 
 def raw_auroc(y_true, scores) -> float | None:
@@ -28,3 +33,11 @@ def cell_metrics(y_true, scores, probs, y_pred, sets, groups=None, seed: int = 0
     metrics["auroc"] = raw_auroc(y_true, scores)
     metrics.update(acceptance_by_label(y_pred, np.asarray(probs).shape[1]))
     return metrics
+
+
+def datapack_metrics(datapack: str, task: str, table, rows: np.ndarray, probs: np.ndarray, seed: int,
+                     n_boot: int) -> dict:
+    """The metrics a datapack adds to every cell scoring it (DATAPACK_METRICS; {} for most): e.g. probe
+    MC1 / MC2 of a truth probe on TruthfulQA's answers. rows int [M]: the scored statements' table rows."""
+    hook = DATAPACK_METRICS.get(datapack)
+    return hook(task, table, rows, probs, seed, n_boot) if hook else {}

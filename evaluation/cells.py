@@ -34,6 +34,33 @@ def cell_path(results_dir, model: str, datapack: str, method: str, task: str, sp
                                       f"seed={int(seed)}.json")
 
 
+def method_name(base: str, calibration: str | None = None, conformal: str | None = None) -> str:
+    """The one name of a method's cells folder: `base` (a probe's name, zero_shot_<enumeration>_<mode>)
+    with +<calibration> / +<conformal> appended where they are not the defaults (out_of_fold_cv, lac),
+    so cells of other procedures never replace or shadow the default ones."""
+    extras = [x for x, default in ((calibration, "out_of_fold_cv"), (conformal, "lac")) if x not in (None, default)]
+    return check_name("+".join([base, *extras]), "method")
+
+
+def result_cell(*, config: dict, method: dict, layer: int | None, split: dict, metrics: dict, test: dict,
+                **parts) -> dict:
+    """A result cell (every writer builds it here): the run's `config` (probe / task / layer named as in
+    a probe's cell, so reports treat every method alike), `method` (name and procedure), the `layer` read
+    (None: none), the `split` summary, test `metrics`, the method's own `parts` (store, calibration,
+    conformal state, ...) and `test` (cell_test)."""
+    return {"config": config, "method": method, "layer": layer, "split": split, "metrics": metrics, **parts,
+            "test": test}
+
+
+def cell_test(rows, y, groups, scores, probs, sets, pred, **extra) -> dict:
+    """A cell's `test` part, as plain lists: positions `rows` [n] among the task's statements, targets
+    y [n], entity groups [n], scores [n, heads or 7], probs [n, K], sets bool [n, K] (or None: no sets)
+    and pred [n] (-1 = abstain), with any `extra` columns (e.g. table_rows)."""
+    plain = {"rows": rows, "y": y, "groups": groups, "scores": scores, "probs": probs,
+             "sets": None if sets is None else sets.astype(int), "pred": pred, **extra}
+    return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in plain.items()}
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """write(binary file) into a temporary file of path's folder, fsync, then rename it over path:
     a reader sees the old file or the new one, never a part. Permissions follow the umask."""

@@ -123,6 +123,19 @@ class ConformalError(ToolkitError):
     """A calibration split or level that cannot give valid conformal sets."""
 
 
+PROCEDURES = ("lac", "reference")   # LAC sets (ConformalClassifier) | the reference code's p-values (ReferenceConformal)
+
+
+def check_procedure(name: str, mondrian: bool = False) -> str:
+    """`name` if it is a conformal procedure that can run with `mondrian` (class-conditional
+    thresholds: LAC only), else one ConformalError line."""
+    if name not in PROCEDURES:
+        raise ConformalError(f"conformal={name!r}: use lac or reference")
+    if name == "reference" and mondrian:
+        raise ConformalError("mondrian=true has no counterpart in conformal=reference: use one of them")
+    return name
+
+
 class ConformalClassifier:
     """Split-conformal (LAC) set predictor on class probabilities.
 

@@ -126,11 +126,10 @@ def probe_mc(table: pd.DataFrame, rows: np.ndarray, p_true: np.ndarray, seed: in
             "probe_mc_questions": scored, "probe_mc_skipped": int(len(np.unique(touched)) - len(scored))}
 
 
-def probe_mc_if_truthfulqa(datapack: str, task: str, table: pd.DataFrame, rows: np.ndarray, probs: np.ndarray,
-                           seed: int, n_boot: int) -> dict:
-    """The probe MC1 / MC2 metrics of a cell scoring the truthfulqa datapack with a true-vs-* task
-    (probs float [M, 2] of the statements at table positions `rows`), else {}: what train_probe and
-    apply_probe add to such cells."""
-    if datapack != TRUTHFULQA or task not in ("true_vs_all", "true_vs_false"):
+def truth_probe_mc(task: str, table: pd.DataFrame, rows: np.ndarray, probs: np.ndarray, seed: int,
+                   n_boot: int) -> dict:
+    """The probe MC1 / MC2 metrics of a true-vs-* task's cell on the truthfulqa datapack (probs float
+    [M, 2] of the statements at table positions `rows`), else {} (evaluation.cell_metrics.DATAPACK_METRICS)."""
+    if task not in ("true_vs_all", "true_vs_false"):
         return {}
     return probe_mc(table, rows, np.asarray(probs)[:, 1], seed=seed, n_boot=n_boot)

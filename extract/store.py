@@ -396,5 +396,36 @@ class ActivationStore:
         self.close()
 
 
+# the store attributes a cell records; MODEL_KEYS of them must agree wherever the probe is applied
+STORE_KEYS = ("model_id", "model_label", "model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "n_layers",
+              "hidden_size", "dtype", "chat_template", "chat_template_text", "system_prompt", "datapack",
+              "layers")
+MODEL_KEYS = ("model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "dtype", "chat_template",
+              "chat_template_text", "system_prompt")
+
+
+class ModelMismatch(StoreError):
+    """A store or model whose inputs differ from those a probe was fitted on."""
+
+
+def store_summary(store) -> dict:
+    """The attributes of an ActivationStore that a cell records (STORE_KEYS), as plain values."""
+    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in store.attrs.items() if k in STORE_KEYS}
+
+
+def check_same_model(recorded: dict, found: dict, where: str) -> None:
+    """Refuse `found` (a store's attributes, or those of a loaded model) unless it agrees with the
+    probe's `recorded` store on every MODEL_KEYS entry both hold (cells written before a key was
+    recorded are not compared on it); the model fingerprint must be recorded."""
+    if "model_fingerprint" not in recorded:
+        raise ModelMismatch("the probe's cell records no model fingerprint: retrain it (overwrite=true)")
+    for key in MODEL_KEYS:
+        if key in recorded and key in found and recorded[key] != found[key]:
+            a, b = recorded[key], found[key]
+            shown = f" ({b!r}, the probe's {a!r})" if len(repr(a)) + len(repr(b)) < 160 else ""
+            raise ModelMismatch(f"{where} has another {key}{shown} than the store the probe was fitted on: apply "
+                                "it to activations of the same model, extracted with the same settings")
+
+
 def _ranges(values: list[int]) -> str:
     return f"{values[0]}..{values[-1]}" if values == list(range(values[0], values[-1] + 1)) else str(values)

@@ -17,8 +17,8 @@ which scores raw activations of the stored layer exactly as the cell did: X [n, 
 `(X [T, d], offsets [n+1])` token bags for samil. numpy arrays and torch tensors are accepted, so
 activations from other tools (nnsight, TransformerLens) can be probed too.
 
-A cell also records the store its probe was fitted on (`store_summary`); `check_same_model` refuses a
-store or model whose inputs differ from it (weights, tokenizer, template, dtypes).
+A cell also records the store its probe was fitted on (extract.store.store_summary); check_same_model
+there refuses a store or model whose inputs differ from it (weights, tokenizer, template, dtypes).
 """
 from __future__ import annotations
 
@@ -34,48 +34,20 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.metrics import matthews_corrcoef
 
 from evaluation.calibration import ScoreMap
 from evaluation.cells import CellError, atomic_write, read_cell, write_cell
-from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal
+from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal, check_procedure
 from extract.disk import waiting_lock
+from extract.store import store_summary
 from extract.errors import ToolkitError, check_name
 from probes.base import Probe, ProbeError, as_features, check_choice, check_class_labels, check_rows
 from probes.features import Features
-from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
+from probes.fitting import CALIBRATIONS, HeadBank, calibrate, conformal_input
 
 SUFFIX = ".probe.safetensors"
-# the store attributes a cell records; MODEL_KEYS of them must agree wherever the probe is applied
-STORE_KEYS = ("model_id", "model_label", "model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "n_layers",
-              "hidden_size", "dtype", "chat_template", "chat_template_text", "system_prompt", "datapack",
-              "layers")
-MODEL_KEYS = ("model_fingerprint", "tokenizer_fingerprint", "compute_dtype", "dtype", "chat_template",
-              "chat_template_text", "system_prompt")
-
-
-class ModelMismatch(ToolkitError):
-    """A store or model whose inputs differ from those a probe was fitted on."""
-
-
-def store_summary(store) -> dict:
-    """The attributes of an ActivationStore that a cell records (STORE_KEYS), as plain values."""
-    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in store.attrs.items() if k in STORE_KEYS}
-
-
-def check_same_model(recorded: dict, found: dict, where: str) -> None:
-    """Refuse `found` (a store's attributes, or those of a loaded model) unless it agrees with the
-    probe's `recorded` store on every MODEL_KEYS entry both hold (cells written before a key was
-    recorded are not compared on it); the model fingerprint must be recorded."""
-    if "model_fingerprint" not in recorded:
-        raise ModelMismatch("the probe's cell records no model fingerprint: retrain it (overwrite=true)")
-    for key in MODEL_KEYS:
-        if key in recorded and key in found and recorded[key] != found[key]:
-            a, b = recorded[key], found[key]
-            shown = f" ({b!r}, the probe's {a!r})" if len(repr(a)) + len(repr(b)) < 160 else ""
-            raise ModelMismatch(f"{where} has another {key}{shown} than the store the probe was fitted on: apply "
-                                "it to activations of the same model, extracted with the same settings")
-
-
 def artifact_path(cell_file: Path) -> Path:
     """The heads' file a cell names (its `heads.file`, beside it): seed=<s>.<sha16>.probe.safetensors."""
     cell_file = Path(cell_file)
@@ -192,8 +164,12 @@ def _probe_class(target: str) -> tuple[type | None, str]:
     return cls, ""
 
 
-class FittedProbe:
-    """A fitted and calibrated probe (see the module docstring for the input X).
+class FittedProbe(ClassifierMixin, BaseEstimator):
+    """A fitted and calibrated probe (see the module docstring for the input X), a scikit-learn
+    classifier that is already fitted (as sklearn's FrozenEstimator): `fit(X, y)` only checks X and
+    returns it unchanged (refit with `fit_probe`), `clone` gives a fitted copy. classes_ 0..K-1 (a binary
+    task: 1 = its head's class); `predict` gives the most probable class, `predict_with_abstention` -1
+    where the conformal set is not one label, `score(X, y)` the MCC of `predict`.
 
     spec        its `probe:` config (`_target_`, options, name)
     heads       one fitted Probe (binary tasks) or one per class (multiclass, one-vs-all)
@@ -212,10 +188,39 @@ class FittedProbe:
                  store: dict | None = None, cell: dict | None = None):
         self.spec, self.heads, self.calibration, self.conformal = spec, heads, calibration, conformal
         self.layer, self.store, self.cell = layer, store or {}, cell
-        self.score_map = ScoreMap.from_dict(calibration["map"])
-        self.representation, self.tokens = heads[0].representation, heads[0].tokens
-        self.procedure = "reference" if isinstance(conformal, ReferenceConformal) else "lac"
-        self.n_features = heads[0].n_features_in_
+        self._derive()
+
+    def _derive(self) -> None:
+        """The state that follows from the arguments (again after set_params)."""
+        self.score_map = ScoreMap.from_dict(self.calibration["map"])
+        self.representation, self.tokens = self.heads[0].representation, self.heads[0].tokens
+        self.procedure = "reference" if isinstance(self.conformal, ReferenceConformal) else "lac"
+        self.n_features = getattr(self.heads[0], "n_features_in_", None)
+
+    def set_params(self, **params) -> "FittedProbe":
+        super().set_params(**params)
+        self._derive()
+        return self
+
+    def fit(self, X, y=None) -> "FittedProbe":
+        """Already fitted: X is checked, nothing is refitted (use fit_probe for that)."""
+        self._checked(X)
+        return self
+
+    def __sklearn_clone__(self) -> "FittedProbe":
+        return copy.deepcopy(self)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return True
+
+    @property
+    def classes_(self) -> np.ndarray:
+        """int [K]: 0..K-1, the columns of predict_proba."""
+        return np.arange(max(2, np.size(self.score_map.intercept_)))
+
+    @property
+    def n_features_in_(self) -> int | None:
+        return self.n_features
 
     def decision_function(self, X) -> np.ndarray:
         """float [n, heads]: one score per head (one head for binary tasks, one per class for multiclass)."""
@@ -238,10 +243,13 @@ class FittedProbe:
         """float [n, K] class probabilities (K = 2 for binary tasks)."""
         return self.score_map.predict_proba(self.decision_function(X))
 
-    def score(self, X) -> dict[str, np.ndarray]:
+    def score_all(self, X) -> dict[str, np.ndarray]:
         """Everything at once (the heads run once): scores [n, heads], probs [n, K], sets bool [n, K]
         and pred int [n] (the label of a one-label set, -1 = abstain)."""
-        scores = self.decision_function(X)
+        return self.from_scores(self.decision_function(X))
+
+    def from_scores(self, scores: np.ndarray) -> dict[str, np.ndarray]:
+        """score_all from the heads' scores [n, heads] (already computed, as train_probe has them)."""
         probs = self.score_map.predict_proba(scores)
         values = conformal_input(scores, probs, self.procedure)
         return {"scores": scores, "probs": probs, "sets": self.conformal.predict_sets(values),
@@ -249,11 +257,19 @@ class FittedProbe:
 
     def predict_set(self, X) -> np.ndarray:
         """bool [n, K] conformal prediction sets."""
-        return self.score(X)["sets"]
+        return self.score_all(X)["sets"]
+
+    def predict_with_abstention(self, X) -> np.ndarray:
+        """int [n]: the label of a one-label set, -1 (abstain) otherwise."""
+        return self.score_all(X)["pred"]
 
     def predict(self, X) -> np.ndarray:
-        """int [n]: the label of a one-label set, -1 (abstain) otherwise."""
-        return self.score(X)["pred"]
+        """int [n]: the most probable class (never an abstention)."""
+        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """MCC of predict(X) against the task's targets y [n] (sklearn's matthews_corrcoef)."""
+        return float(matthews_corrcoef(y, self.predict(X), sample_weight=sample_weight))
 
     def to_cell(self) -> dict:
         """The probe's part of a result cell (what `load_probe` reads back with the heads' file)."""
@@ -303,7 +319,7 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     else:
         spec = {**probe, **options}
     check_choice("calibration", calibration, CALIBRATIONS)
-    check_choice("conformal.name", conformal, CONFORMAL)
+    check_procedure(conformal, mondrian)
     if calibration.startswith("out_of_fold") and (isinstance(calibration_folds, bool) or
                                          not isinstance(calibration_folds, (int, np.integer)) or calibration_folds < 2):
         raise ProbeError(f"calibration_folds={calibration_folds!r}: use a whole number >= 2")
@@ -329,11 +345,22 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     target = labels if len(classes) > 1 else (labels == classes[0]).astype(np.int64)
     folds = int(calibration_folds) if calibration.startswith("out_of_fold") else 0
     bank = HeadBank(template, features, labels, train, folds, int(seed), calibration == "out_of_fold_cv")
+    return calibrated_heads(bank, classes, target, cal, spec, calibration, alpha, conformal, mondrian, layer,
+                            None if store is None else store_summary(store))
+
+
+def calibrated_heads(bank: HeadBank, classes: list[int], target: np.ndarray, cal: np.ndarray, spec: dict,
+                     calibration: str, alpha: float, conformal: str, mondrian: bool, layer: int | None = None,
+                     store: dict | None = None) -> FittedProbe:
+    """The one fit-and-calibrate step (fit_probe's and train_probe's): the bank's heads of `classes`, their
+    score map fitted on out-of-fold training scores (calibration out_of_fold*) or in sample, and the
+    conformal predictor (lac / reference) calibrated on rows `cal` of the bank at level `alpha`.
+    target int [M]: the task's labels of the bank's M statements (0/1, or 0..K-1 with a head per class)."""
     heads, scores = [bank.head(c) for c in classes], bank.scores(classes)
-    oof = bank.out_of_fold(classes) if folds else None
-    _, predictor, summary = calibrate(scores, target, train, cal, oof, len(bank.folds), calibration, alpha,
+    oof = bank.out_of_fold(classes) if calibration.startswith("out_of_fold") else None
+    _, predictor, summary = calibrate(scores, target, bank.train, cal, oof, len(bank.folds), calibration, alpha,
                                       conformal, mondrian)
-    return FittedProbe(spec, heads, summary, predictor, layer, None if store is None else store_summary(store))
+    return FittedProbe(spec, heads, summary, predictor, layer, store)
 
 
 def cell_of_heads(path: Path) -> Path:
@@ -394,7 +421,7 @@ def _probe_of_cell(cell: dict, tensors: dict[str, torch.Tensor]) -> FittedProbe:
             raise CellError(f"head {i} does not fit probe {spec.get('name', spec.get('_target_'))} "
                             f"({' '.join(str(err).split())[:300]})") from None
         heads.append(head.eval())
-    widths = {h.n_features_in_ for h in heads}
+    widths = {getattr(h, "n_features_in_", None) for h in heads}
     hidden = (cell.get("store") or {}).get("hidden_size")
     if len(widths) > 1 or (hidden is not None and widths != {hidden} and widths != {None}):
         raise CellError(f"its heads read vectors of width {sorted(w for w in widths if w)}, but the store it "
@@ -421,7 +448,7 @@ def _check_scores(probe: FittedProbe) -> None:
         return
     X = np.zeros((1, int(d)), dtype=np.float32)
     try:
-        out = probe.score((X, np.array([0, 1])) if probe.representation == "bags" else X)
+        out = probe.score_all((X, np.array([0, 1])) if probe.representation == "bags" else X)
         probs = out["probs"]
     except ToolkitError:
         raise

@@ -1,10 +1,21 @@
 """The interface every probe shares, and the helpers the probes use.
 
-A probe is a LightningModule with three methods:
+A probe is a LightningModule and a scikit-learn binary classifier on arrays:
 
-    fit(train: Features, y: int [N] in {0, 1}) -> self     fitted on the training split only
-    decision_function(data: Features) -> float [N]         higher = more of the positive class
-    params() -> dict                                       chosen hyperparameters (JSON-serialisable)
+    fit(X, y, folds=None) -> self       X: statement vectors [n, d] (numpy / torch), token bags
+                                        `(tokens [T, d], offsets [n+1])` or a list of [n_i, d] bags, or
+                                        Features; y [n]: two classes, classes_[1] the positive one
+    decision_function(X) -> float [n]   higher = more of classes_[1]
+    predict_proba(X) -> float [n, 2]    sigmoid of the decision (uncalibrated: see probes.artifacts)
+    predict(X) -> classes_ [n]          classes_[1] where the decision is > 0
+    score(X, y) -> float                MCC of predict(X) (sklearn's matthews_corrcoef)
+    params() -> dict                    chosen hyperparameters (JSON-serialisable)
+
+Constructor arguments are stored as given (a grid `Cs` as a tuple; get_params / set_params /
+clone), checked by `_check_params` at construction and again at fit. Probes are binary heads (tag
+multi_class=False; y with more classes is refused): `sklearn.multiclass.OneVsRestClassifier(probe)`
+fits one head per class, as the toolkit's multiclass tasks do. Subclasses implement
+`_fit(train: Features, y: int [n] in {0, 1}, folds)` and `_decision(data: Features) -> float [n]`.
 
 Calibration, conformal abstention and metrics are computed from the scores by shared code
 (evaluation/, driven by probes/pipeline.py), never inside a probe. Probes trained by gradient descent run a
@@ -22,7 +33,12 @@ from contextlib import contextmanager
 import lightning as L
 import numpy as np
 import torch
+from scipy.special import expit
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.metrics import matthews_corrcoef
 from sklearn.model_selection import StratifiedKFold
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 from torch.utils.data import Dataset
 
 from extract.errors import ToolkitError
@@ -52,40 +68,112 @@ def check_positive(option: str, value, integer: bool = False, allow_zero: bool =
     return value
 
 
-class Probe(L.LightningModule):
-    """Base class: subclasses set `representation` and `tokens` (via `_set_input`), implement fit /
-    decision_function, and put their chosen hyperparameters in `self._params`. `state_dict()` carries
-    the fitted tensors and `params()`, and a freshly built probe of the same settings loads it."""
+class Probe(ClassifierMixin, BaseEstimator, L.LightningModule):
+    """Base class (see the module docstring). `representation` and `tokens` say which features the
+    pipeline loads; `state_dict()` carries the fitted tensors and `params()`, and a freshly built probe
+    of the same settings loads it (a loaded head is fitted, classes_ [0, 1])."""
 
     representation = "last"  # "last" | "mean" | "bags": which features the pipeline loads
     tokens = "statement"     # "statement" | "all": which token kinds those features use
+    representations = ("last", "mean")   # the representations a probe class reads
 
-    def _set_input(self, representation: str, tokens: str, representations=("last", "mean")) -> None:
-        self.representation = check_choice("representation", representation, representations)
-        self.tokens = check_choice("tokens", tokens, tuple(TOKEN_KINDS))
+    def _check_params(self) -> None:
+        """One-line ProbeError for a bad constructor argument (at construction, and at fit after set_params)."""
+        check_choice("representation", self.representation, self.representations)
+        check_choice("tokens", self.tokens, tuple(TOKEN_KINDS))
 
-    def fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "Probe":
-        """Fit on `train` with 0/1 targets `y` [n]. `folds`: grouped folds [(fit positions, held
-        positions)] of `train` for a probe that chooses a hyperparameter by cross-validation, instead
-        of its own; it then sets `held_out_scores_` float [n] (NaN outside the held parts): each held
-        part scored by its fold's fit at the chosen value. Other probes ignore `folds`."""
+    def fit(self, X, y, folds: list | None = None) -> "Probe":
+        """Fit on X with labels y [n] (two classes). `folds`: grouped folds [(fit positions, held
+        positions)] of X for a probe that chooses a hyperparameter by cross-validation, instead of its
+        own; it then sets `held_out_scores_` float [n] (NaN outside the held parts): each held part
+        scored by its fold's fit at the chosen value. Other probes ignore `folds`."""
+        self._check_params()
+        data = self._features(X)
+        return self._fit(data, self._binary_target(y, len(data)), folds)
+
+    def _fit(self, train: Features, y: np.ndarray, folds: list | None) -> "Probe":
         raise NotImplementedError
 
-    def decision_function(self, data: Features) -> np.ndarray:
+    def _decision(self, data: Features) -> np.ndarray:
         raise NotImplementedError
+
+    def decision_function(self, X) -> np.ndarray:
+        """float64 [n]: higher = more of classes_[1]."""
+        check_is_fitted(self)
+        return self._decision(self._features(X, self.n_features_in_))
+
+    def predict_proba(self, X) -> np.ndarray:
+        """float64 [n, 2]: sigmoid of the decision, columns classes_ (a logistic / MLP head's own
+        probability; a monotone map of mean_diff, hinge and sAwMIL scores; FittedProbe calibrates)."""
+        p = expit(self.decision_function(X))
+        return np.stack([1.0 - p, p], axis=1)
+
+    def predict(self, X) -> np.ndarray:
+        """[n]: classes_[1] where the decision is > 0, else classes_[0] (never an abstention)."""
+        positive = self.decision_function(X) > 0
+        return self.classes_[positive.astype(np.int64)]
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """MCC of predict(X) against y (sklearn's matthews_corrcoef)."""
+        return float(matthews_corrcoef(y, self.predict(X), sample_weight=sample_weight))
+
+    def _features(self, X, width: int | None = None) -> Features:
+        """X as Features (arrays checked by sklearn's check_array, then `as_features`), refused in one
+        ProbeError if a bag probe gets vectors or if X is not `width` wide."""
+        if not isinstance(X, (Features, tuple)) and not is_bag_list(X):
+            X = check_array(X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else X,
+                            dtype=(np.float64, np.float32))
+        data = X if isinstance(X, Features) else as_features(X)
+        if self.representation == "bags" and not data.is_bags:
+            raise ProbeError("X: this probe reads token bags: give (tokens [T, d], offsets [n+1]) or a list of "
+                             "[n_i, d] bags")
+        if width is not None and data.X.shape[1] != width:
+            raise ProbeError(f"X has {data.X.shape[1]} features, but {type(self).__name__} is expecting {width} "
+                             "features as input")
+        return data
+
+    def _binary_target(self, y, n: int) -> np.ndarray:
+        """int64 [n] targets: 1 for classes_[1] (sets classes_, the two sorted labels of y)."""
+        labels = column_or_1d(y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y, warn=True)
+        if len(labels) != n:
+            raise ProbeError(f"{len(labels)} labels for {n} statements")
+        check_classification_targets(labels)
+        kind = type_of_target(labels, input_name="y")
+        if kind != "binary":
+            raise ProbeError(f"Only binary classification is supported. The type of the target is {kind}: a probe "
+                             "is one binary head; OneVsRestClassifier(probe) fits one per class")
+        classes, target = np.unique(labels, return_inverse=True)
+        if len(classes) < 2:
+            raise ProbeError(f"y holds one class ({classes[0]!r}): both classes must be present in the training split")
+        self.classes_ = classes
+        return target.astype(np.int64)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self._width() is not None
 
     def params(self) -> dict:
         return dict(getattr(self, "_params", {}))
 
-    @property
-    def n_features_in_(self) -> int | None:
-        """d, the width of the vectors a fitted probe reads: the length of its fitted standardiser
-        (`mean`), direction or coefficients; None before fit (or for a probe holding none of them)."""
+    def _width(self) -> int | None:
         for name in ("mean", "direction", "coef", "weight"):
             tensor = getattr(self, name, None)
             if isinstance(tensor, torch.Tensor) and tensor.ndim == 1 and tensor.numel() > 0:
                 return int(tensor.numel())
         return None
+
+    @property
+    def n_features_in_(self) -> int:
+        """d, the width of the vectors a fitted probe reads: the length of its fitted standardiser
+        (`mean`), direction or coefficients; an AttributeError before fit."""
+        width = self._width()
+        if width is None:
+            raise AttributeError(f"{type(self).__name__} is not fitted: it has no n_features_in_")
+        return width
 
     def get_extra_state(self):
         return {"params": self.params()}
@@ -95,6 +183,7 @@ class Probe(L.LightningModule):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         resize_placeholders(self, state_dict, prefix)
+        self.classes_ = np.arange(2)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -116,19 +205,6 @@ def resize_placeholders(module: torch.nn.Module, state_dict: dict, prefix: str) 
 # helpers shared by the probes
 # ----------------------------------------------------------------------------------------------
 _EPS = 1e-8
-
-
-def check_labels(y, n: int) -> np.ndarray:
-    """int64 [N] in {0, 1}; both classes must be present."""
-    y = np.asarray(y).reshape(-1)
-    if len(y) != n:
-        raise ProbeError(f"{len(y)} labels for {n} statements")
-    if not np.isin(y, (0, 1)).all():
-        raise ProbeError("labels must be 0 / 1")
-    y = y.astype(np.int64)
-    if y.min() == y.max():
-        raise ProbeError("both classes must be present in the training split")
-    return y
 
 
 def balanced_weights(y: np.ndarray, class_weight: str | None) -> np.ndarray:
@@ -283,10 +359,18 @@ class FullBatch(Dataset):
 # inputs of the Python API (fit_probe, FittedProbe), checked at its edge: one ProbeError naming the
 # argument and the fix, never a failure deep inside torch
 # ----------------------------------------------------------------------------------------------
+def is_bag_list(X) -> bool:
+    """Whether X is a non-empty list of token bags, each an array [n_i, d]."""
+    return isinstance(X, list) and len(X) > 0 and all(np.ndim(bag) == 2 for bag in X)
+
+
 def as_features(X, what: str = "X") -> Features:
     """Features from statement vectors [n, d] (numpy or torch), `(tokens [T, d], offsets [n+1])` bags,
-    or Features, checked at the API's edge (one ProbeError naming `what` and the fix): two dimensions,
-    finite numbers only, offsets that cut the tokens into n bags."""
+    a list of bags [n_i, d], or Features, checked at the API's edge (one ProbeError naming `what` and the
+    fix): two dimensions, finite numbers only, offsets that cut the tokens into n bags."""
+    if is_bag_list(X):
+        bags = [_float_array(bag, f"{what}'s bag {i}") for i, bag in enumerate(X)]
+        X = (np.concatenate(bags), np.cumsum([0] + [len(bag) for bag in bags]))
     if isinstance(X, Features):
         data = X
     elif isinstance(X, tuple):

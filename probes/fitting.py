@@ -26,7 +26,6 @@ from probes.features import Features
 
 log = logging.getLogger(__name__)
 CALIBRATIONS = ("out_of_fold", "out_of_fold_cv", "in_sample")   # what the score map is fitted on (see HeadBank)
-CONFORMAL = ("lac", "reference")              # conformal procedure (evaluation.conformal)
 
 
 def head_seed(seed: int, cls: int, fold: int = -1) -> int:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
 from torch.utils.data import DataLoader
 
-from probes.base import (FullBatch, Probe, balanced_weights, check_choice, check_labels, check_positive, draw_seed,
+from probes.base import (FullBatch, Probe, balanced_weights, check_choice, check_positive, draw_seed,
                          kfold_splits, make_trainer, quiet_lightning, standardiser)
 from probes.features import Features, statement_vectors
 
@@ -80,7 +80,8 @@ class LinearProbe(Probe):
         seed: seed of the fold assignment; None -> drawn from torch's global generator.
 
     After a cross-validated `fit`, `cv_scores_` (float64 [len(Cs), N]) holds the held-out decision
-    values of the training statements at each grid C (NaN for statements no fold held out).
+    values of the training statements at each grid C (NaN for statements no fold held out);
+    `n_iter_` counts the final fit's Newton iterations.
     """
 
     def __init__(self, C: float | None = None, Cs=(0.001, 0.01, 0.1, 1.0, 10.0), loss: str = "logistic",
@@ -89,31 +90,25 @@ class LinearProbe(Probe):
                  max_epochs: int = 2, tol: float = 1e-6, accelerator: str = "auto",
                  seed: int | None = None, tokens: str = "statement"):
         super().__init__()
-        self._set_input(representation, tokens)
-        check_choice("loss", loss, ("logistic", "hinge"))
-        check_choice("cv_metric", cv_metric, ("mcc", "log_loss"))
-        for c in ([] if C is None else [C]) + list(Cs):
-            check_positive("C" if C is not None else "Cs", c)
-        check_positive("cv_folds", cv_folds, integer=True)
-        check_positive("max_iter", max_iter, integer=True)
-        check_positive("max_epochs", max_epochs, integer=True)
-        check_positive("tol", tol)
-        self.C = None if C is None else float(C)
-        self.Cs = tuple(float(c) for c in Cs)
-        self.loss = loss
-        self.class_weight = class_weight
-        self.cv_folds = int(cv_folds)
-        self.cv_metric = cv_metric
-        self.max_iter = int(max_iter)
-        self.max_epochs = int(max_epochs)
-        self.tol = float(tol)
-        self.accelerator = accelerator
-        self.seed = seed
+        self.C, self.Cs, self.loss, self.representation = C, tuple(Cs), loss, representation
+        self.class_weight, self.cv_folds, self.cv_metric, self.max_iter = class_weight, cv_folds, cv_metric, max_iter
+        self.max_epochs, self.tol, self.accelerator, self.seed, self.tokens = max_epochs, tol, accelerator, seed, tokens
+        self._check_params()
         self.register_buffer("mean", torch.zeros(0))
         self.register_buffer("std", torch.ones(0))
         self.weight = torch.nn.Parameter(torch.zeros(0))
         self.bias = torch.nn.Parameter(torch.zeros(()))
         self._params: dict = {}
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_choice("loss", self.loss, ("logistic", "hinge"))
+        check_choice("cv_metric", self.cv_metric, ("mcc", "log_loss"))
+        for c in ([] if self.C is None else [self.C]) + list(self.Cs):
+            check_positive("C" if self.C is not None else "Cs", c)
+        for name in ("cv_folds", "max_iter", "max_epochs"):
+            check_positive(name, getattr(self, name), integer=True)
+        check_positive("tol", self.tol)
 
     # -- Lightning hooks: the whole path of batched Newton solves in one Trainer fit ---------------
     # Each training step (one per epoch) solves every fit at every C of `_path_Cs`; a further epoch
@@ -203,61 +198,60 @@ class LinearProbe(Probe):
         return mean, std, A, path, iters
 
     # -- Probe interface --------------------------------------------------------------------------
-    def fit(self, train: Features, y, folds: list | None = None) -> "LinearProbe":
+    def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "LinearProbe":
         X = statement_vectors(train, self.representation).cpu()
-        y = check_labels(y, len(X))
         groups = None if train.groups is None else np.asarray(train.groups)
-        C, given, folds = self.C, folds, []
+        Cs = tuple(float(c) for c in self.Cs)
+        C, given, folds = None if self.C is None else float(self.C), folds, []
         self.held_out_scores_ = None
         if C is None:
             folds = list(given) if given else kfold_splits(y, groups, self.cv_folds, draw_seed(self.seed))
-            if len(self.Cs) == 1 or not folds:
-                C, folds = self.Cs[len(self.Cs) // 2], []
-        grid = sorted(set(self.Cs)) if folds else [C]
+            if len(Cs) == 1 or not folds:
+                C, folds = Cs[len(Cs) // 2], []
+        grid = sorted(set(Cs)) if folds else [C]
         mean, std, A, path, iters = self._solve_path(X, y, folds, grid)
         self._params = {"loss": self.loss, "representation": self.representation, "class_weight": self.class_weight}
         if folds:
-            C = self._cross_validate(A, y, folds, grid, path)
+            C = self._cross_validate(A, y, folds, grid, path, Cs)
             if given:
-                self.held_out_scores_ = self.cv_scores_[self.Cs.index(C)]
+                self.held_out_scores_ = self.cv_scores_[Cs.index(C)]
         final = path[grid.index(C), -1]
         self.mean, self.std = mean, std
         self.weight = torch.nn.Parameter(final[:-1].float(), requires_grad=False)
         self.bias = torch.nn.Parameter(final[-1].float(), requires_grad=False)
-        self._params.update(C=C, n_iter=iters[grid.index(C)])
+        self.n_iter_ = iters[grid.index(C)]
+        self._params.update(C=C, n_iter=self.n_iter_)
         return self
 
     def _cross_validate(self, A: torch.Tensor, y: np.ndarray, folds: list, grid: list[float],
-                        path: torch.Tensor) -> float:
-        """The C chosen by `cv_metric` from the held-out scores of the fold fits in path [K, F+1, p]
+                        path: torch.Tensor, Cs: tuple[float, ...]) -> float:
+        """The C of `Cs` chosen by `cv_metric` from the held-out scores of the fold fits in path [K, F+1, p]
         (K = len(grid)); sets `cv_scores_` and the CV entries of `_params`."""
-        scores = np.full((len(self.Cs), len(A)), np.nan)
-        mcc = np.zeros((len(folds), len(self.Cs)))
-        loss = np.zeros((len(folds), len(self.Cs)))
+        scores = np.full((len(Cs), len(A)), np.nan)
+        mcc = np.zeros((len(folds), len(Cs)))
+        loss = np.zeros((len(folds), len(Cs)))
         for f, (_, te) in enumerate(folds):
             s_te = torch.from_numpy(balanced_weights(y[te], self.class_weight)).double()
             t_te = torch.from_numpy(2.0 * y[te] - 1.0)
-            for j, c in enumerate(self.Cs):
+            for j, c in enumerate(Cs):
                 score = A[te] @ path[grid.index(c), f]
                 scores[j, te] = score.numpy()
                 mcc[f, j] = matthews_corrcoef(y[te], (score > 0).numpy().astype(int))
                 loss[f, j] = float((s_te * _margin_loss(t_te * score, self.loss)).sum() / s_te.sum())
         mean_mcc, mean_loss = mcc.mean(0), loss.mean(0)
         if self.cv_metric == "mcc":
-            best = max(range(len(self.Cs)), key=lambda j: (round(mean_mcc[j], 12), -mean_loss[j]))
+            best = max(range(len(Cs)), key=lambda j: (round(mean_mcc[j], 12), -mean_loss[j]))
         else:
             best = int(np.argmin(mean_loss))
         self.cv_scores_ = scores
-        C = self.Cs[best]
-        self._params.update({"Cs": list(self.Cs), "cv_metric": self.cv_metric,
+        C = Cs[best]
+        self._params.update({"Cs": list(Cs), "cv_metric": self.cv_metric,
                              "cv_mcc": mean_mcc.round(6).tolist(), "cv_loss": mean_loss.round(6).tolist(),
-                             "C_at_grid_edge": C in (min(self.Cs), max(self.Cs))})
+                             "C_at_grid_edge": C in (min(Cs), max(Cs))})
         return C
 
     @torch.no_grad()
-    def decision_function(self, data: Features) -> np.ndarray:
-        if self.weight.numel() == 0:
-            raise RuntimeError("LinearProbe is not fitted")
+    def _decision(self, data: Features) -> np.ndarray:
         X = statement_vectors(data, self.representation).to(self.mean.device)
         return (((X - self.mean) / self.std) @ self.weight + self.bias).double().cpu().numpy()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import Probe, check_choice, check_labels, resolve_device, standardiser
+from probes.base import Probe, check_choice, resolve_device, standardiser
 from probes.features import Features, statement_vectors
 
 __all__ = ["MeanDiffProbe", "within_class_ledoit_wolf"]
@@ -63,19 +63,21 @@ class MeanDiffProbe(Probe):
     def __init__(self, covariance: str = "shrinkage", representation: str = "last",
                  standardize: bool = False, accelerator: str = "auto", tokens: str = "statement"):
         super().__init__()
-        self._set_input(representation, tokens)
-        self.covariance = check_choice("covariance", covariance, ("none", "shrinkage"))
-        self.standardize = bool(standardize)
-        self.accelerator = accelerator
+        self.covariance, self.representation, self.standardize = covariance, representation, standardize
+        self.accelerator, self.tokens = accelerator, tokens
+        self._check_params()
         self.register_buffer("direction", torch.zeros(0))
         self.register_buffer("threshold", torch.zeros(()))
         self._params: dict = {}
 
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_choice("covariance", self.covariance, ("none", "shrinkage"))
+
     @torch.no_grad()
-    def fit(self, train: Features, y, folds: list | None = None) -> "MeanDiffProbe":   # (folds: nothing chosen by CV)
+    def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "MeanDiffProbe":   # (folds: unused)
         device = resolve_device(self.accelerator)
         X = statement_vectors(train, self.representation)
-        y = check_labels(y, len(X))
         X = X.to(device=device, dtype=torch.float64)
         mean, std = (None, None)
         if self.standardize:
@@ -85,7 +87,7 @@ class MeanDiffProbe(Probe):
         mu0, mu1 = X[yt == 0].mean(0), X[yt == 1].mean(0)
         delta = mu1 - mu0
         params = {"covariance": self.covariance, "representation": self.representation,
-                  "standardize": self.standardize}
+                  "standardize": bool(self.standardize)}
         if self.covariance == "shrinkage":
             Sigma, a = within_class_ledoit_wolf(X, y)
             w = self._solve(Sigma, delta)
@@ -115,9 +117,7 @@ class MeanDiffProbe(Probe):
         return torch.linalg.lstsq(Sigma, rhs[:, None]).solution[:, 0]
 
     @torch.no_grad()
-    def decision_function(self, data: Features) -> np.ndarray:
-        if self.direction.numel() == 0:
-            raise RuntimeError("MeanDiffProbe is not fitted")
+    def _decision(self, data: Features) -> np.ndarray:
         X = statement_vectors(data, self.representation).to(self.direction.device)
         return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
 

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from probes.base import (FullBatch, Probe, ProbeError, balanced_weights, check_choice, check_labels, check_positive,
+from probes.base import (FullBatch, Probe, ProbeError, balanced_weights, check_choice, check_positive,
                          draw_seed, holdout_split, make_trainer, quiet_lightning, resize_placeholders, standardiser)
 from probes.features import Features, statement_vectors
 
@@ -74,24 +74,11 @@ class MLPProbe(Probe):
                  representation: str = "last", accelerator: str = "auto", seed: int | None = None,
                  tokens: str = "statement"):
         super().__init__()
-        self._set_input(representation, tokens)
-        check_choice("activation", activation, sorted(_ACTIVATIONS))
-        for name, value in (("hidden", hidden), ("batch_size", batch_size), ("max_epochs", max_epochs),
-                            ("patience", patience)):
-            check_positive(name, value, integer=True)
-        check_positive("depth", depth, integer=True, allow_zero=True)
-        check_positive("lr", lr)
-        check_positive("weight_decay", weight_decay, allow_zero=True)
-        if not 0.0 < val_fraction < 1.0:
-            raise ProbeError(f"val_fraction={val_fraction}: use a value in (0, 1)")
-        self.hidden, self.depth, self.dropout = int(hidden), int(depth), float(dropout)
-        self.activation = activation
-        self.weight_decay, self.lr = float(weight_decay), float(lr)
-        self.batch_size, self.max_epochs, self.patience = int(batch_size), int(max_epochs), int(patience)
-        self.val_fraction = float(val_fraction)
-        self.class_weight = class_weight
-        self.accelerator = accelerator
-        self.seed = seed
+        self.hidden, self.depth, self.dropout, self.activation = hidden, depth, dropout, activation
+        self.weight_decay, self.lr, self.batch_size, self.max_epochs = weight_decay, lr, batch_size, max_epochs
+        self.patience, self.val_fraction, self.class_weight = patience, val_fraction, class_weight
+        self.representation, self.accelerator, self.seed, self.tokens = representation, accelerator, seed, tokens
+        self._check_params()
         self.register_buffer("mean", torch.zeros(0))
         self.register_buffer("std", torch.ones(0))
         self.net: nn.Module | None = None
@@ -100,12 +87,24 @@ class MLPProbe(Probe):
         self._val_loss = float("inf")
         self._params: dict = {}
 
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_choice("activation", self.activation, sorted(_ACTIVATIONS))
+        for name in ("hidden", "batch_size", "max_epochs", "patience"):
+            check_positive(name, getattr(self, name), integer=True)
+        check_positive("depth", self.depth, integer=True, allow_zero=True)
+        check_positive("lr", self.lr)
+        check_positive("weight_decay", self.weight_decay, allow_zero=True)
+        check_positive("dropout", self.dropout, allow_zero=True)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ProbeError(f"val_fraction={self.val_fraction}: use a value in (0, 1)")
+
     def _build(self, d: int) -> nn.Sequential:
         layers, width = [], d
         for _ in range(self.depth):
             layers += [nn.Linear(width, self.hidden), _ACTIVATIONS[self.activation]()]
             if self.dropout > 0:
-                layers.append(nn.Dropout(self.dropout))
+                layers.append(nn.Dropout(float(self.dropout)))
             width = self.hidden
         layers.append(nn.Linear(width, 1))
         return nn.Sequential(*layers)
@@ -143,12 +142,11 @@ class MLPProbe(Probe):
             self._best = (loss, self.current_epoch, state)
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.AdamW(self.net.parameters(), lr=float(self.lr), weight_decay=float(self.weight_decay))
 
     # -- Probe interface --------------------------------------------------------------------------
-    def fit(self, train: Features, y, folds: list | None = None) -> "MLPProbe":   # (folds: nothing chosen by CV)
+    def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "MLPProbe":   # (folds: unused)
         X = statement_vectors(train, self.representation).cpu()
-        y = check_labels(y, len(X))
         groups = None if train.groups is None else np.asarray(train.groups)
         if self.seed is None:
             rng_scope = nullcontext()
@@ -158,7 +156,7 @@ class MLPProbe(Probe):
         with rng_scope:
             if self.seed is not None:
                 torch.manual_seed(self.seed)
-            fit_idx, val_idx = holdout_split(y, groups, self.val_fraction, draw_seed(None))
+            fit_idx, val_idx = holdout_split(y, groups, float(self.val_fraction), draw_seed(None))
             self.mean, self.std = standardiser(X)
             self.net = self._build(X.shape[1])
             self._best = None
@@ -178,18 +176,16 @@ class MLPProbe(Probe):
         self.net.load_state_dict(state)
         self._best, self._batches = None, None
         self.eval()
-        self._params = {"hidden": self.hidden, "depth": self.depth, "dropout": self.dropout,
-                        "activation": self.activation, "weight_decay": self.weight_decay,
-                        "lr": self.lr, "batch_size": self.batch_size,
+        self._params = {"hidden": self.hidden, "depth": self.depth, "dropout": float(self.dropout),
+                        "activation": self.activation, "weight_decay": float(self.weight_decay),
+                        "lr": float(self.lr), "batch_size": self.batch_size,
                         "representation": self.representation, "class_weight": self.class_weight,
                         "best_epoch": int(best_epoch), "epochs_run": int(trainer.current_epoch),
                         "val_loss": round(best_loss, 6), "n_val": int(len(val_idx))}
         return self
 
     @torch.no_grad()
-    def decision_function(self, data: Features) -> np.ndarray:
-        if self.net is None:
-            raise RuntimeError("MLPProbe is not fitted")
+    def _decision(self, data: Features) -> np.ndarray:
         was_training = self.training
         self.eval()
         X = statement_vectors(data, self.representation)

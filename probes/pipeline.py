@@ -15,20 +15,19 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import cell_path
-from evaluation.conformal import ConformalError
-from evaluation.cell_metrics import cell_metrics, raw_auroc
+from evaluation import cells
+from evaluation.conformal import check_procedure
+from evaluation.cell_metrics import cell_metrics, datapack_metrics, raw_auroc
 from evaluation.metrics import mcc, plain_prediction, resampling_groups
-from evaluation.multiple_choice import probe_mc_if_truthfulqa
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE
-from extract.store import ActivationStore, select_layers, store_path
-from probes.artifacts import build_probe, store_summary, write_probe_cell
+from extract.store import ActivationStore, select_layers, store_path, store_summary
+from probes.artifacts import build_probe, calibrated_heads, write_probe_cell
 from probes.base import Probe, check_choice
-from probes.features import Features, layer_features
-from probes.fitting import CALIBRATIONS, CONFORMAL, HeadBank, calibrate, conformal_input
+from probes.features import layer_features
+from probes.fitting import CALIBRATIONS, HeadBank
 from probes.schema import validate
 
 log = logging.getLogger(__name__)
@@ -68,10 +67,10 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                     banks[key] = (HeadBank(template, features.subset(rows), labels[rows], parts["train"],
                                            _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)), parts)
                 bank, parts = banks[key]
-                cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t))
-                cell["metrics"].update(probe_mc_if_truthfulqa(cfg.data.name, t, table, rows[parts["test"]],
-                                                              cell["test"]["probs"], cfg.seed, cfg.n_boot))
-                cell.update(layer=k, split=split.summary(), store=store_summary(store))
+                cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t), k, split.summary(),
+                                        store_summary(store))
+                cell["metrics"].update(datapack_metrics(cfg.data.name, t, table, rows[parts["test"]],
+                                                        cell["test"]["probs"], cfg.seed, cfg.n_boot))
                 write_probe_cell(paths[t, k], cell, heads)
     return [paths[t, k] for k in layers for t in tasks]
 
@@ -105,18 +104,14 @@ def head_classes(task: str) -> list[int]:
 
 
 def method_name(cfg: DictConfig) -> str:
-    """The cells' folder: the probe name, with +out_of_fold / +in_sample / +reference appended for the
-    non-default calibration / conformal procedures (so their cells never replace or shadow the default ones)."""
-    calibration = check_choice("calibration", cfg.calibration, CALIBRATIONS)
-    conformal = check_choice("conformal.name", cfg.conformal.name, CONFORMAL)
-    if conformal == "reference" and cfg.mondrian:
-        raise ConformalError("mondrian=true has no counterpart in conformal=reference: use one of them")
-    extras = [x for x, default in ((calibration, "out_of_fold_cv"), (conformal, "lac")) if x != default]
-    return check_name("+".join([cfg.probe.name, *extras]), "probe.name")
+    """The cells' folder (evaluation.cells.method_name): the probe name, +out_of_fold / +in_sample /
+    +reference for the non-default calibration / conformal procedures."""
+    return cells.method_name(cfg.probe.name, check_choice("calibration", cfg.calibration, CALIBRATIONS),
+                             check_procedure(cfg.conformal.name, cfg.mondrian))
 
 
 def probe_cell_path(cfg: DictConfig, layer: int, task: str | None = None) -> Path:
-    return cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, method_name(cfg), task or cfg.task.name,
+    return cells.cell_path(cfg.results_dir, cfg.model.name, cfg.data.name, method_name(cfg), task or cfg.task.name,
                      cfg.split.kind, layer, cfg.seed)
 
 
@@ -128,31 +123,20 @@ def _share_folds(cfg: DictConfig) -> bool:
     return cfg.calibration == "out_of_fold_cv"
 
 
-def fit_and_evaluate(cfg: DictConfig, template: Probe, features: Features, y: np.ndarray,
-                     parts: dict[str, np.ndarray]) -> tuple[dict, list[Probe]]:
-    """One probe at one layer on its own: heads keyed by the targets `y` themselves (one head, class
-    1, for binary y; one per class for multiclass); see `task_cell`."""
-    bank = HeadBank(template, features, y, parts["train"], _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg))
-    classes = [1] if int(y.max()) == 1 else list(range(int(y.max()) + 1))
-    return task_cell(cfg, cfg.task.name, bank, y, parts, classes)
-
-
 def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: dict[str, np.ndarray],
-              classes: list[int]) -> tuple[dict, list[Probe]]:
+              classes: list[int], layer: int | None = None, split: dict | None = None,
+              store: dict | None = None) -> tuple[dict, list[Probe]]:
     """One task's cell at one layer from the bank's heads of `classes`: scores -> probabilities (map
     fitted on out-of-fold training scores, or in sample) -> conformal sets -> metrics on test.
     Returns the cell and the task's fitted heads (saved beside it by probes.artifacts)."""
     train, cal, test = parts["train"], parts["calibration"], parts["test"]
     started = time.perf_counter()
-    heads = [bank.head(c) for c in classes]
-    scores = bank.scores(classes)  # [M, heads]
-    oof = bank.out_of_fold(classes) if cfg.calibration.startswith("out_of_fold") else None
-    score_map, conformal, calibration = calibrate(scores, y, train, cal, oof, len(bank.folds), cfg.calibration,
-                                                  cfg.alpha, cfg.conformal.name, cfg.mondrian)
-    probs = score_map.predict_proba(scores)
-    values = conformal_input(scores, probs, cfg.conformal.name)
-    sets = conformal.predict_sets(values[test])
-    pred = conformal.predict(values[test])
+    fitted = calibrated_heads(bank, classes, y, cal, OmegaConf.to_container(cfg.probe, resolve=True), cfg.calibration,
+                              cfg.alpha, cfg.conformal.name, cfg.mondrian)
+    heads, scores = fitted.heads, bank.scores(classes)  # scores [M, heads]
+    probs = fitted.score_map.predict_proba(scores)
+    out = fitted.from_scores(scores[test])
+    sets, pred = out["sets"], out["pred"]
     n_classes = int(y.max()) + 1
     metrics = cell_metrics(y[test], scores[test], probs[test], pred, sets, seed=cfg.seed, n_boot=cfg.n_boot,
                            groups=resampling_groups(cfg.bootstrap, bank.features.groups[test]))
@@ -166,24 +150,19 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
     config.pop("tasks", None)
     config["task"] = {"name": task}
     config["probe"]["name"] = method_name(cfg)  # a report tells <probe>+in_sample / +reference cells apart
-    cell = {
-        "config": {**config, "model": {"name": cfg.model.name},
-                   "data": {"name": cfg.data.name}},  # the store summary records the model itself
-        "method": {"name": method_name(cfg), "probe": cfg.probe.name, "calibration": cfg.calibration,
-                   "conformal": cfg.conformal.name},
-        "degenerate": bool(reasons),  # see degenerate_reasons: its metrics are not a healthy probe's
-        "degenerate_reasons": reasons,
-        "metrics": metrics,
-        "calibration_metrics": {"mcc_all": mcc(y[cal], plain_prediction(probs[cal])),
-                                "auroc": raw_auroc(y[cal], scores[cal])},
-        "probe_params": params,
-        "calibration": calibration,
-        "conformal": conformal.to_dict(),
-        "fit_seconds": time.perf_counter() - started,  # heads another task of the layer fitted first cost 0 here
-        "test": {"rows": test.tolist(), "y": y[test].tolist(), "groups": bank.features.groups[test].tolist(),
-                 "scores": scores[test].tolist(),
-                 "probs": probs[test].tolist(), "sets": sets.astype(int).tolist(), "pred": pred.tolist()},
-    }
+    cell = cells.result_cell(
+        config={**config, "model": {"name": cfg.model.name},
+                "data": {"name": cfg.data.name}},  # the store summary records the model itself
+        method={"name": method_name(cfg), "probe": cfg.probe.name, "calibration": cfg.calibration,
+                "conformal": cfg.conformal.name},
+        layer=layer, split=split, metrics=metrics, store=store,
+        degenerate=bool(reasons),  # see degenerate_reasons: its metrics are not a healthy probe's
+        degenerate_reasons=reasons,
+        calibration_metrics={"mcc_all": mcc(y[cal], plain_prediction(probs[cal])),
+                             "auroc": raw_auroc(y[cal], scores[cal])},
+        probe_params=params, calibration=fitted.calibration, conformal=fitted.conformal.to_dict(),
+        fit_seconds=time.perf_counter() - started,  # heads another task of the layer fitted first cost 0 here
+        test=cells.cell_test(test, y[test], bank.features.groups[test], scores[test], probs[test], sets, pred))
     return cell, heads
 
 

@@ -20,8 +20,8 @@ from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
 from extract.config import compose_config
 from extract.on_the_fly import extract_statements, store_model
-from extract.store import ActivationStore, StoreError
-from probes.artifacts import ModelMismatch, artifact_path, fit_probe, load_probe, store_summary
+from extract.store import ActivationStore, ModelMismatch, StoreError, store_summary
+from probes.artifacts import artifact_path, fit_probe, load_probe
 from probes.features import TOKEN_KINDS, layer_features
 from probes.pipeline import train_probes
 from tests.helpers import compose_apply, datapack_csv, extract_csv
@@ -199,7 +199,7 @@ def test_fit_probe_fits_and_calibrates_as_train_probe(dirs):
         train, cal, test = (np.flatnonzero(np.isin(rows, part)) for part in parts)
         probe = fit_probe("mean_diff", X, table["label"].to_numpy()[rows], train, cal, classes=classes,
                           groups=entity_groups(table)[rows], seed=0)
-        out = probe.score(X[test])
+        out = probe.score_all(X[test])
         np.testing.assert_allclose(out["scores"], cell["test"]["scores"], atol=1e-6)
         np.testing.assert_allclose(out["probs"], cell["test"]["probs"], atol=1e-6)
         assert out["sets"].astype(int).tolist() == cell["test"]["sets"]

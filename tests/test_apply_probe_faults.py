@@ -232,7 +232,7 @@ def test_a_fitted_probe_refuses_what_it_cannot_score(data, cells):
         for bad, needle in [(X[:, :5], f"X has 5 columns but the probe reads {D}: give layer 1's vectors"),
                             (X[0], "X has shape \\(24,\\).*X\\[None, :\\]"),
                             (nan_rows, "NaN or inf in 2 statement.*rows 1, 4")]:
-            for method in (probe.predict, probe.predict_proba, probe.score):
+            for method in (probe.predict, probe.predict_proba, probe.score_all):
                 with pytest.raises(ProbeError, match=needle) as err:
                     method(bad)   # NaN rows used to abstain silently (pred -1), a wrong width a torch error
                 assert "\n" not in str(err.value)

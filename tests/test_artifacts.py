@@ -47,7 +47,8 @@ for cell_path in sys.argv[2:]:
     else:
         data = store.last_token(probe.layer, kinds)[test_rows]
     out[cell_path] = {"scores": probe.decision_function(data).tolist(), "probs": probe.predict_proba(data).tolist(),
-                      "sets": probe.predict_set(data).astype(int).tolist(), "pred": probe.predict(data).tolist()}
+                      "sets": probe.predict_set(data).astype(int).tolist(),
+                      "pred": probe.predict_with_abstention(data).tolist()}
 print(json.dumps(out))
 """
 

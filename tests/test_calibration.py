@@ -1,4 +1,4 @@
-"""Score -> probability map (evaluation/calibration.py) inside fit_and_evaluate (probes/pipeline.py):
+"""Score -> probability map (evaluation/calibration.py) inside task_cell (probes/pipeline.py):
 out-of-fold vs in-sample map, scale-free map and rank-based AUROC, degenerate / one-label flags,
 and the non-default procedures' cell folders."""
 from __future__ import annotations
@@ -16,7 +16,8 @@ from evaluation.tasks import task_targets
 from extract.store import ActivationStore, store_path
 from probes.features import layer_features
 from probes.mean_diff import MeanDiffProbe
-from probes.pipeline import degenerate_reasons, fit_and_evaluate, grid_edge, train_probes
+from probes.fitting import HeadBank
+from probes.pipeline import degenerate_reasons, grid_edge, task_cell, train_probes
 from tests.helpers import make_synthetic_store, probe_config
 
 
@@ -72,7 +73,7 @@ def test_out_of_fold_map_lowers_test_ece(weak_dirs, record_property):
 
 
 def _inputs(dirs, task="true_vs_all"):
-    """What train_probes hands fit_and_evaluate for one layer (features, targets, split positions)."""
+    """What train_probes hands task_cell for one layer (features, targets, split positions)."""
     cfg = _cfg(dirs, f"task={task}", "probe=mean_diff")
     store = ActivationStore(store_path(cfg.store_dir, "synthetic", "city_locations"))
     table = store.table
@@ -82,6 +83,12 @@ def _inputs(dirs, task="true_vs_all"):
     features = layer_features(store, 1, "last").subset(rows)
     features.groups = entity_groups(table)[rows]
     return cfg, features, y, parts
+
+
+def fit_and_evaluate(cfg, template, features, y, parts):
+    """task_cell of one probe at one layer on its own bank (out-of-fold folds shared, as train_probes)."""
+    bank = HeadBank(template, features, y, parts["train"], cfg.calibration_folds, cfg.seed, True)
+    return task_cell(cfg, cfg.task.name, bank, y, parts, [1] if y.max() == 1 else [0, 1, 2])
 
 
 class Scaled(MeanDiffProbe):

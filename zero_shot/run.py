@@ -47,9 +47,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import cell_path, write_cell
+from evaluation.cells import cell_path, cell_test, method_name, result_cell, write_cell
 from evaluation.conformal import (ConformalClassifier, ReferenceConformal, acceptance_by_label, binary_probs,
-                                  prediction)
+                                  check_procedure, prediction)
 from evaluation.metrics import ABSTAIN, evaluate, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
@@ -61,7 +61,6 @@ from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores, load_tab
 log = logging.getLogger(__name__)
 
 MODES = ("argmax", "conformal")
-CONFORMAL = ("lac", "reference")
 # 0-based option columns of each group; group order = class codes 0 false, 1 true, 2 neither, then abstain
 GROUPS = (("false", (1,)), ("true", (0,)), ("neither", (2, 3)), ("abstain", (4, 5)))
 ABSTAIN_GROUP = 3
@@ -247,24 +246,17 @@ def evaluate_scores(cfg: DictConfig, scores: np.ndarray, table, source: dict) ->
                                groups=resampling_groups(cfg.bootstrap, groups[rows[test]]))
             metrics.update(acceptance_by_label(pred, cell_probs.shape[1]))
             name = zero_shot_method(cfg, mode)
-            cell = {
+            cell = result_cell(
                 # probe / task / layer as in the probes' cells, so a report can treat both alike
-                "config": {**config, "probe": {"name": name}, "task": {"name": task}, "layer": None},
-                "method": {"name": name, "enumeration": cfg.enumeration, "mode": mode, "task": task,
-                           "conformal": cfg.conformal.name if mode == "conformal" else None,
-                           "groups": {g: [c + 1 for c in cols] for g, cols in GROUPS}},
-                "metrics": metrics,
-                "conformal": conformal.to_dict() if conformal is not None else None,
-                "layer": None,
-                "split": split.summary(),
-                "scores_source": source,
-                "n_scored": int(scored.sum()),
-                "test": {"rows": test.tolist(), "table_rows": rows[test].tolist(), "y": y[test].tolist(),
-                         "groups": groups[rows[test]].tolist(),
-                         "scores": scores[rows[test]].astype(float).tolist(),
-                         "probs": cell_probs.tolist(), "pred": pred.tolist(),
-                         "sets": sets.astype(int).tolist() if sets is not None else None},
-            }
+                config={**config, "probe": {"name": name}, "task": {"name": task}, "layer": None},
+                method={"name": name, "enumeration": cfg.enumeration, "mode": mode, "task": task,
+                        "conformal": cfg.conformal.name if mode == "conformal" else None,
+                        "groups": {g: [c + 1 for c in cols] for g, cols in GROUPS}},
+                layer=None, split=split.summary(), metrics=metrics,
+                conformal=conformal.to_dict() if conformal is not None else None,
+                scores_source=source, n_scored=int(scored.sum()),
+                test=cell_test(test, y[test], groups[rows[test]], scores[rows[test]].astype(float), cell_probs, sets,
+                               pred, table_rows=rows[test]))
             if mode == "argmax":  # no calibration involved: the same rule on every scored row of the task
                 ok = scored[rows]
                 cell["metrics_all_scored_rows"] = evaluate(y[ok], argmax_all[rows][ok], probs[ok], seed=cfg.seed,
@@ -285,17 +277,13 @@ def _modes_tasks(cfg: DictConfig) -> tuple[list[str], list[str]]:
     for m in modes:
         if m not in MODES:
             raise ZeroShotError(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
-    if cfg.conformal.name not in CONFORMAL:
-        raise ZeroShotError(f"conformal={cfg.conformal.name!r}: use lac or reference")
-    if cfg.conformal.name == "reference" and cfg.mondrian:
-        raise ZeroShotError("mondrian=true has no counterpart in conformal=reference: use one of them")
+    check_procedure(cfg.conformal.name, cfg.mondrian)
     return modes, tasks
 
 
 def zero_shot_method(cfg: DictConfig, mode: str) -> str:
-    """zero_shot_<enumeration>_<mode>, +reference for the sets of conformal=reference."""
-    suffix = "+reference" if mode == "conformal" and cfg.conformal.name == "reference" else ""
-    return f"zero_shot_{cfg.enumeration}_{mode}{suffix}"
+    """zero_shot_<enumeration>_<mode>, +reference for the sets of conformal=reference (evaluation.cells.method_name)."""
+    return method_name(f"zero_shot_{cfg.enumeration}_{mode}", conformal=cfg.conformal.name if mode == "conformal" else None)
 
 
 def zero_shot_cell_path(cfg: DictConfig, mode: str, task: str) -> Path:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from evaluation.metrics import auroc
-from probes.base import Probe, ProbeError, check_labels, kfold_splits, resolve_device, standardiser
+from probes.base import Probe, ProbeError, kfold_splits, resolve_device, standardiser
 from probes.features import Features
 from probes.samil.bags import matvec, segment_max
 from probes.samil.estimator import SAwMIL
@@ -22,8 +22,10 @@ class SAwMILProbe(Probe):
     training bags (folds never split a group of statements sharing an entity; each fold standardised
     on its own training part), by held-out bag AUROC; `C` fixes it instead. `tokens` chooses the
     bag's tokens ("statement" or "all"); the other arguments are those of `SAwMIL` (`stage3_weights`
-    "balanced" by default, "none" = the reference's unweighted stage 3). Runs on the accelerator's
-    device ("auto": CUDA if present).
+    "balanced" by default, "none" = the reference's unweighted stage 3; the solver options
+    `min_pos_ratio`, `fallback`, `max_iter`, `tol`, `num_threads`: None = SAwMIL's default). Runs on the
+    accelerator's device ("auto": CUDA if present). As an estimator, X is `(tokens [T, d], offsets [n+1])`
+    or a list of bags [n_i, d].
 
     With `warm_cv` (default) the grid's fits start from their neighbours' solutions: the full
     training split at each C of the grid in ascending order (each from the previous C), then every
@@ -40,27 +42,42 @@ class SAwMILProbe(Probe):
     mean [d], std [d]; the bag score is max over the bag's tokens of coef . (x - mean) / std + intercept.
     """
 
+    representation = "bags"
+    representations = ("bags",)
+
     def __init__(self, C: float | None = None, Cs=(10.0, 100.0, 1000.0), cv_folds: int = 3,
                  eta: float | None = None, k: int = 2, c_scaling: str = "per_instance",
                  stage3_weights: str = "balanced", standardize: bool = True, accelerator: str = "auto", seed: int = 0,
-                 tokens: str = "statement", warm_cv: bool = True, **solver):
+                 tokens: str = "statement", warm_cv: bool = True, min_pos_ratio: float | None = None,
+                 fallback: str | None = None, max_iter: int | None = None, tol: float | None = None,
+                 num_threads: int | None = None):
         super().__init__()
-        self._set_input("bags", tokens, representations=("bags",))
-        if not isinstance(standardize, bool):
-            raise ProbeError(f"standardize={standardize!r}: use true or false")
-        if not isinstance(warm_cv, bool):
-            raise ProbeError(f"warm_cv={warm_cv!r}: use true or false")
-        self.C, self.Cs, self.cv_folds, self.standardize = C, tuple(Cs), cv_folds, standardize
-        self.warm_cv = warm_cv
-        self.options = dict(eta=eta, k=k, c_scaling=c_scaling, stage3_weights=stage3_weights, seed=seed, **solver)
-        for c in (self.Cs if C is None else (C,)):
-            SAwMIL(C=c, **self.options).check_params()  # bad options fail now, not at the first fit
-        self.solve_device = resolve_device(accelerator)
+        self.C, self.Cs, self.cv_folds, self.eta, self.k, self.c_scaling = C, tuple(Cs), cv_folds, eta, k, c_scaling
+        self.stage3_weights, self.standardize, self.accelerator = stage3_weights, standardize, accelerator
+        self.seed, self.tokens, self.warm_cv, self.min_pos_ratio = seed, tokens, warm_cv, min_pos_ratio
+        self.fallback, self.max_iter, self.tol, self.num_threads = fallback, max_iter, tol, num_threads
+        self._check_params()
         self.register_buffer("coef", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("intercept", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(0))
         self.register_buffer("std", torch.ones(0))
         self._params: dict = {}
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        for name in ("standardize", "warm_cv"):
+            if not isinstance(getattr(self, name), bool):
+                raise ProbeError(f"{name}={getattr(self, name)!r}: use true or false")
+        for c in (self.Cs if self.C is None else (self.C,)):
+            SAwMIL(C=c, **self._options).check_params()
+
+    @property
+    def _options(self) -> dict:
+        """The SAwMIL arguments: eta, k, c_scaling, stage3_weights, seed, and the solver options given."""
+        solver = dict(min_pos_ratio=self.min_pos_ratio, fallback=self.fallback, max_iter=self.max_iter, tol=self.tol,
+                      num_threads=self.num_threads)
+        return dict(eta=self.eta, k=self.k, c_scaling=self.c_scaling, stage3_weights=self.stage3_weights,
+                    seed=self.seed, **{k: v for k, v in solver.items() if v is not None})
 
     def _standardiser(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         d = X.shape[1]
@@ -72,7 +89,7 @@ class SAwMILProbe(Probe):
         `warm`: (model, mean, std) of a neighbouring fit to start from; `scaling`: this
         split's (mean, std) when already computed."""
         mean, std = self._standardiser(train.X) if scaling is None else scaling
-        model = SAwMIL(C=C, device=self.solve_device, **self.options)
+        model = SAwMIL(C=C, device=resolve_device(self.accelerator), **self._options)
         start = None
         if warm is not None:
             w_model, w_mean, w_std = warm
@@ -80,8 +97,7 @@ class SAwMILProbe(Probe):
                           ((w_model.stage1_coef_, w_model.stage1_intercept_), (w_model.coef_, w_model.intercept_)))
         return model.fit((train.X - mean) / std, train.offsets, y, warm_start=start), mean, std
 
-    def fit(self, train: Features, y, folds: list | None = None) -> "SAwMILProbe":
-        y = check_labels(y, len(train))
+    def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "SAwMILProbe":
         self._full_fits, self.held_out_scores_ = {}, None
         cv_auroc = {} if self.C is not None else self._cross_validate(train, y, folds)
         C = self.C if self.C is not None else max(self.Cs, key=lambda c: (cv_auroc.get(c, -1.0), -c))
@@ -96,8 +112,8 @@ class SAwMILProbe(Probe):
             model, self.mean, self.std = self._fit_one(C, train, y)
         self._full_fits = {}
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
-        options = {k: v for k, v in self.options.items() if isinstance(v, (int, float, str, type(None)))}
-        train_scores = self.decision_function(train)
+        options = {k: v for k, v in self._options.items() if isinstance(v, (int, float, str, type(None)))}
+        train_scores = self._decision(train)
         self._params = {**options, "eta_target": options["eta"], "C": float(C), "Cs": [float(c) for c in self.Cs],
                         "cv_auroc": {str(c): a for c, a in cv_auroc.items()}, "eta": float(model.eta_),
                         "fallback_used": bool(model.fallback_used_), "standardize": self.standardize,
@@ -109,7 +125,7 @@ class SAwMILProbe(Probe):
     def _cross_validate(self, train: Features, y: np.ndarray, folds: list | None = None) -> dict[float, float]:
         """Held-out bag AUROC of every C of `Cs` over grouped folds (`folds`, or `cv_folds` of its own;
         {} when no folds are possible); the held-out scores of each C in `_held_scores`."""
-        folds = list(folds) if folds else kfold_splits(y, train.groups, self.cv_folds, self.options["seed"])
+        folds = list(folds) if folds else kfold_splits(y, train.groups, self.cv_folds, self.seed)
         self._held_scores = {}
         if not folds:
             return {}
@@ -141,10 +157,8 @@ class SAwMILProbe(Probe):
             self._held_scores[C] = scores
         return result
 
-    def decision_function(self, data: Features) -> np.ndarray:
+    def _decision(self, data: Features) -> np.ndarray:
         """float64 [N]: bag scores (max over each bag's token scores)."""
-        if self.coef.numel() == 0:
-            raise RuntimeError("SAwMILProbe is not fitted")
         scores = matvec((data.X - self.mean) / self.std, self.coef) + float(self.intercept)   # [T]
         return segment_max(scores, data.offsets, empty=float(self.intercept)).numpy()
 
