@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import Field
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -45,20 +46,31 @@ def help_text(config_name: str, schema) -> str:
     """The header comment of conf/<config_name>.yaml, the config groups (choices from conf/<group>/, the
     default marked *) and the options of `schema` (a dataclass) with their defaults and descriptions."""
     cfg = compose_config(config_name, hydra=True)
-    groups = config_groups(cfg)
-    values = OmegaConf.to_container(cfg, resolve=False)
     header = [line.lstrip("# ") for line in (CONF_DIR / f"{config_name}.yaml").read_text().splitlines()
               if line.startswith("#")]
     lines = [*header, "", "config groups (group=choice, * the default; any key of a group: <group>.<key>=value):"]
-    for group, choice in sorted(groups.items()):
-        names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    for group, choice, names in group_choices(cfg):
         lines.append(f"  {group:<14}" + ", ".join(f"*{n}" if n == choice else n for n in names)
                      + ("  (default: none)" if choice is None else ""))
     lines += ["", "options (option=default):"]
-    for key, f in schema_options(schema, groups).items():
-        lines.append(f"  {key + '=' + _shown(_lookup(values, key)):<32} {f.metadata.get('help', '')}")
+    for key, f, default in option_table(cfg, schema):
+        lines.append(f"  {key + '=' + default:<32} {f.metadata.get('help', '')}")
     lines += ["", "multirun: -m option=a,b; Hydra's own help: --hydra-help"]
     return "\n".join(lines)
+
+
+def group_choices(cfg: DictConfig) -> list[tuple[str, str | None, list[str]]]:
+    """(group, its choice, every choice conf/<group>/ holds) of each config group of `cfg` (composed
+    with hydra=True), sorted by group: what --help and the manual list."""
+    return [(group, choice, sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+            for group, choice in sorted(config_groups(cfg).items())]
+
+
+def option_table(cfg: DictConfig, schema) -> list[tuple[str, Field, str]]:
+    """(option, its schema field, its default as written on the command line) of every option `schema`
+    declares (config groups left out), `cfg` composed with hydra=True: what --help and the manual list."""
+    values = OmegaConf.to_container(cfg, resolve=False)
+    return [(key, f, _shown(_lookup(values, key))) for key, f in schema_options(schema, config_groups(cfg)).items()]
 
 
 def _lookup(values: dict, key: str):

@@ -1,4 +1,4 @@
-"""The README's Python API example ("Saved probes and the Python API") runs unchanged, in a fresh
+"""The manual's Python API example (docs/python-api.md, once the README's) runs unchanged, in a fresh
 process, on a tiny-model store and a cell of `train_probe`."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ MARKERS = re.compile(r"<!-- python-api-example -->\s*```python\n(.*?)```\s*<!-- 
 
 
 def test_readme_python_example_runs(tmp_path):
-    blocks = MARKERS.findall((ROOT / "README.md").read_text())
+    blocks = MARKERS.findall((ROOT / "docs" / "python-api.md").read_text())
     assert len(blocks) == 1
     store = extract_csv(tmp_path, "cities", datapack_csv(tmp_path / "a.csv", slice(0, 150), slice(0, 70)),
                         tmp_path / "s", "layers=[2]")
