@@ -38,7 +38,8 @@ from evaluation.cell_metrics import cell_metrics, datapack_metrics
 from evaluation.metrics import resampling_groups
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
-from extract.errors import ToolkitError, check_count, check_name, hydra_main, run_entry
+from extract.entry import entry_main, quoted
+from extract.errors import ToolkitError, check_count, check_name
 from extract.on_the_fly import extract_statements, model_attrs, store_model
 from extract.schema import typed_options
 from extract.statements import LABELS
@@ -47,6 +48,7 @@ from probes.artifacts import FittedProbe, load_probe
 from probes.features import layer_features
 
 log = logging.getLogger("apply_probe")
+QUOTED, RENAMED = ("cell", "csv", "text"), {"probe": "cell"}   # values taken as written; probe= means cell=
 
 
 def trained_probe(cell_file) -> tuple[FittedProbe, dict]:
@@ -231,23 +233,12 @@ def apply(cfg: DictConfig):
 
 def hydra_arguments(args: list[str]) -> list[str]:
     """Command-line arguments as Hydra overrides: `probe=<path>` becomes `cell='<path>'` (`probe` is a
-    config group, and cell paths hold `=`), and plain `cell=`, `csv=`, `text=` values are quoted (a
-    statement may hold `=`, `,` or quotes; `text=[...]` lists are left as written)."""
-    out = []
-    for arg in args:
-        key, eq, value = arg.partition("=")
-        key = "cell" if key == "probe" else key
-        if eq and key in ("cell", "csv", "text") and not value.startswith(("[", "'", '"')):
-            value = "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
-        out.append(f"{key}{eq}{value}")
-    return out
+    config group, and cell paths hold `=`); `cell=`, `csv=`, `text=` values are taken as written
+    (extract.entry.quoted; `text=[...]` lists are left as written)."""
+    return quoted(args, QUOTED, RENAMED)
 
 
-@hydra_main(config_path="conf", config_name="apply_probe")
-def main(cfg: DictConfig) -> None:
-    run_entry(apply, cfg, log=log)
-
+main = entry_main("apply_probe", ApplyProbeSchema, apply, quote=QUOTED, renames=RENAMED)
 
 if __name__ == "__main__":
-    sys.argv[1:] = hydra_arguments(sys.argv[1:])
     main()

@@ -123,6 +123,10 @@ def _int(value: str, option: str):
 
 
 def main() -> None:
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        print(__doc__.strip() + "\n\nits own options: probes=[...] workers=N threads=N; the train_probe options: "
+              "python -m train_probe --help")
+        sys.exit(0)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     try:
         status = sweep(sys.argv[1:])

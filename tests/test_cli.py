@@ -11,14 +11,13 @@ import time
 import pytest
 
 from extract.config import CONF_DIR, compose_config, config_groups
+from extract.entry import COMMANDS, quoted
 from extract.errors import misspelt_line
 from extract.schema import schema_options
 from tests.helpers import ROOT, assert_one_error_line, run_module
 from tests.test_schemas import SCHEMAS
 
-MODULES = {"extract": "extract", "train_probe": "train_probe", "apply_probe": "apply_probe", "zero_shot": "zero_shot",
-           "ncb": "ncb", "truthfulqa": "truthfulqa", "report": "experiments.report",
-           "transfer": "experiments.transfer", "cross_model": "experiments.cross_model"}
+MODULES = {module.rpartition(".")[2]: module for module, _ in COMMANDS.values() if module.rpartition(".")[2] in SCHEMAS}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # `python -m <module> --help` in this process (runpy), then the heavy modules it imported
 HELP_IMPORTS = """
@@ -97,3 +96,24 @@ def test_a_name_close_to_nothing_keeps_hydras_line():
     with pytest.raises(ConfigCompositionException) as err:
         compose_config("train_probe", "zzzz=1")
     assert misspelt_line(err.value) is None
+
+
+def test_truthprobe_lists_the_commands_and_runs_one():
+    done = subprocess.run([sys.executable, "-c", "from extract.entry import truthprobe; truthprobe()", "--help"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and all(f"  {c} " in done.stdout for c in COMMANDS), done.stdout
+    done = subprocess.run([sys.executable, "-c", "from extract.entry import truthprobe; truthprobe()", "train-probe",
+                           "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "layer=16" in done.stdout, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", "from extract.entry import truthprobe; truthprobe()", "trian-probe"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "did you mean train-probe?" in done.stderr
+
+
+def test_cell_paths_and_statements_are_taken_as_written():
+    path = "results/m/d/linear/true_vs_all/entity_disjoint/layer=16/seed=0.json"
+    assert quoted([f"method={path}", "n_boot=5"], ("method",)) == [f"method='{path}'", "n_boot=5"]
+    assert quoted([f"probe={path}", "text=[a, b]"], ("cell", "text"), {"probe": "cell"}) == [f"cell='{path}'",
+                                                                                           "text=[a, b]"]
+    assert quoted(["text=it's = 2"], ("text",)) == ["text='it\\'s = 2'"]
+    assert compose_config("ncb", *quoted([f"method={path}"], ("method",))).method == path

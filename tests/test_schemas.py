@@ -6,17 +6,11 @@ from __future__ import annotations
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from experiments.schema import CrossModelSchema, ReportSchema, TransferSchema
 from extract.config import CONF_DIR, compose_config, config_groups
-from extract.schema import ExtractSchema, schema_options
-from ncb.schema import NCBSchema
-from probes.schema import ApplyProbeSchema, TrainProbeSchema
-from truthfulqa.schema import TruthfulQASchema
-from zero_shot.schema import ZeroShotSchema
+from extract.entry import SCHEMAS as SCHEMA_NAMES, schema_of
+from extract.schema import schema_options
 
-SCHEMAS = {"extract": ExtractSchema, "train_probe": TrainProbeSchema, "apply_probe": ApplyProbeSchema,
-           "zero_shot": ZeroShotSchema, "ncb": NCBSchema, "truthfulqa": TruthfulQASchema, "report": ReportSchema,
-           "transfer": TransferSchema, "cross_model": CrossModelSchema}
+SCHEMAS = {name: schema_of(name) for name in SCHEMA_NAMES}
 GIVEN_BY_THE_YAML = {("ncb", "stress.neutral"), ("ncb", "stress.interferences")}   # long texts: MISSING in the schema
 
 

@@ -1,0 +1,110 @@
+"""The command line: every entry point's `main` has one shape, and `truthprobe <command> ...` runs any
+of them (the `python -m` forms stay).
+
+An entry point's main answers `--help` from its schema without importing torch (extract.config.
+answer_help), composes its config under extract.errors.hydra_main (Hydra's errors as one line), calls
+its run function through run_entry (a ToolkitError is one line, exit 1) and logs one summary line.
+The modules below are named, not imported: `truthprobe --help` loads none of them.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import runpy
+import sys
+from typing import Callable
+
+COMMANDS = {   # truthprobe <command> -> the module `python -m` runs, and what it does
+    "extract": ("extract", "hidden states of every layer -> an activation store"),
+    "train-probe": ("train_probe", "fit probes on a store's layers -> result cells and saved probes"),
+    "apply-probe": ("apply_probe", "a saved probe on another datapack (transfer cell) or on your text"),
+    "zero-shot": ("zero_shot", "the paper's prompting baseline -> result cells"),
+    "truthfulqa": ("truthfulqa", "TruthfulQA MC1 / MC2 from log-likelihoods (lm-evaluation-harness's)"),
+    "ncb": ("ncb", "belief robustness: neighbourhood consistency and stress contexts"),
+    "report": ("experiments.report", "per-layer tables and figures from result cells"),
+    "transfer": ("experiments.transfer", "transfer matrix of the best probes across datapacks"),
+    "cross-model": ("experiments.cross_model", "the paper's claims across models"),
+    "compare": ("experiments.compare", "paired comparison of two result cells"),
+    "sweep": ("experiments.sweep", "every (probe, layer) job of a model on a pool of workers"),
+}
+
+SCHEMAS = {   # conf/<name>.yaml -> the schema its entry point checks before any work (and --help and the manual list)
+    "extract": "extract.schema:ExtractSchema", "train_probe": "probes.schema:TrainProbeSchema",
+    "apply_probe": "probes.schema:ApplyProbeSchema", "zero_shot": "zero_shot.schema:ZeroShotSchema",
+    "truthfulqa": "truthfulqa.schema:TruthfulQASchema", "ncb": "ncb.schema:NCBSchema",
+    "report": "experiments.schema:ReportSchema", "transfer": "experiments.schema:TransferSchema",
+    "cross_model": "experiments.schema:CrossModelSchema",
+}
+
+
+def schema_of(config_name: str) -> type:
+    """The schema dataclass of the entry point of conf/<config_name>.yaml (SCHEMAS)."""
+    module, name = SCHEMAS[config_name].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def entry_main(config_name: str, schema: type, run: str | Callable, summary: Callable | None = None,
+               quote: tuple[str, ...] = (), renames: dict[str, str] | None = None) -> Callable:
+    """The main() of the entry point of conf/<config_name>.yaml: `run` (a function, or "module:function",
+    imported only when a config is run, so `--help` needs no torch); `summary(result, cfg)` gives its
+    last log line (None: none); the command line's values of `quote` are taken as written (quoted(),
+    with `renames`). main(cfg) runs a composed config directly (tests, notebooks)."""
+    from extract.config import answer_help
+    from extract.errors import hydra_main, run_entry
+
+    log = logging.getLogger(config_name)
+
+    def task(cfg):
+        if isinstance(run, str):
+            module, function = run.split(":")
+            result = run_entry(getattr(importlib.import_module(module), function), cfg, log=log)
+        else:
+            result = run_entry(run, cfg, log=log)
+        if result is not None and summary is not None:
+            log.info("%s", summary(result, cfg))
+        return result
+
+    task.__module__ = "__main__"   # Hydra then finds conf/ beside this file's folder, as for `python -m`
+    hydra_task = hydra_main(config_path="../conf", config_name=config_name)(task)
+
+    def main(cfg=None):
+        if cfg is None:
+            answer_help("__main__", config_name, schema)
+            sys.argv[1:] = quoted(sys.argv[1:], quote, renames)
+        return hydra_task(cfg)
+    return main
+
+
+def quoted(args: list[str], keys: tuple[str, ...], renames: dict[str, str] | None = None) -> list[str]:
+    """Command-line arguments as Hydra overrides, the values of `keys` taken as written: quoted unless
+    already a list or quoted (paths of cells hold `=`; a statement may hold `=`, `,` or quotes). `renames`
+    maps what a user types to the option (apply_probe: probe= -> cell=)."""
+    out = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        key = (renames or {}).get(key, key)
+        if eq and key in keys and not value.startswith(("[", "'", '"')):
+            value = "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
+        out.append(f"{key}{eq}{value}")
+    return out
+
+
+def truthprobe(argv: list[str] | None = None) -> None:
+    """The console script: `truthprobe <command> [options]` == `python -m <module> [options]`."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        width = max(map(len, COMMANDS))
+        print("usage: truthprobe <command> [option=value ...]   (truthprobe <command> --help for its options)\n\n"
+              "commands:\n" + "\n".join(f"  {name:<{width}}  {about}" for name, (_, about) in COMMANDS.items()))
+        sys.exit(0 if argv else 2)
+    if argv[0] not in COMMANDS:
+        from difflib import get_close_matches
+
+        close = get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        print(f"truthprobe: no command {argv[0]!r}; {hint}(commands: {', '.join(COMMANDS)})", file=sys.stderr)
+        sys.exit(2)
+    module = COMMANDS[argv[0]][0]
+    sys.argv = [module, *argv[1:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
