@@ -123,16 +123,19 @@ def class_names(task: str) -> list[str]:
 
 
 def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir, name: str = "text",
-                        batch_tokens: int = 4096, device: str = "auto") -> Path:
+                        batch_tokens: int = 4096, device: str = "auto", overwrite: bool = False) -> Path:
     """Score `statements` with the probe of `cell_file`, extracting them now with the model of the
     probe's store (its recorded config); prints one line per statement and writes
-    <results_dir>/<model>/apply/<name>.<datapack>.<method>.<task>.layer=<k>.seed=<s>.json (replacing an
-    earlier one)."""
+    <results_dir>/<model>/apply/<name>.<datapack>.<method>.<task>.layer=<k>.seed=<s>.json (an earlier
+    one is refused before any work unless `overwrite`: give another `name`)."""
     probe, config = trained_probe(cell_file)
     model, train = config["model"]["name"], config["data"]["name"]
     stem = ".".join([name, train, config["probe"]["name"], config["task"]["name"], f"layer={probe.layer}",
                      f"seed={config['seed']}"])
     out_path = Path(results_dir) / check_name(model, "model.name") / "apply" / f"{check_name(stem, 'name')}.json"
+    if out_path.exists() and not overwrite:
+        raise ToolkitError(f"{out_path} exists (an earlier run with name={name}): give name=<another name>, or "
+                           "overwrite=true to replace it")
     with ActivationStore(store_path(store_dir, model, train)) as store:
         attrs, where = store.attrs, f"the model recorded in {store.path}"
     loaded = store_model(attrs, device)
@@ -228,7 +231,8 @@ def apply(cfg: DictConfig):
     if not statements or any(s == "" for s in statements):
         raise ToolkitError(f"{given[0]}=: an empty statement or none at all: give text to score")
     return apply_to_statements(opts["cell"], statements, opts["store_dir"], opts["results_dir"],
-                               opts["name"] or default_name(opts["csv"]), opts["batch_tokens"], opts["device"])
+                               opts["name"] or default_name(opts["csv"]), opts["batch_tokens"], opts["device"],
+                               opts["overwrite"])
 
 
 def hydra_arguments(args: list[str]) -> list[str]:

@@ -54,7 +54,8 @@ from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
 from experiments.tables import (ALPHA, best_layers, cell_of, layer_table, load_cells,
                                 p_text, publish, with_holm)
-from extract.errors import check_count, check_name, hydra_main, run_entry
+from extract.errors import check_count, check_name
+from extract.entry import entry_main
 from extract.schema import check_writable, typed_options
 from extract.statements import FALSE, NEITHER, TRUE
 
@@ -412,9 +413,7 @@ def cross_model(cfg: DictConfig) -> Path:
                              o["split"]["kind"], o["n_boot"])
 
 
-@hydra_main(config_path="../conf", config_name="cross_model")
-def main(cfg: DictConfig) -> None:
-    run_entry(cross_model, cfg, log=log)
+main = entry_main("cross_model", CrossModelSchema, cross_model)
 
 
 if __name__ == "__main__":

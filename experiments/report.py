@@ -48,7 +48,7 @@ from experiments.ncb_report import write_ncb
 from experiments.transfer import write_transfer
 from experiments.truthfulqa_report import write_truthfulqa
 from extract.statements import TRILEMMA, TRUTHFULQA
-from extract.errors import hydra_main, run_entry
+from extract.entry import entry_main
 from extract.schema import check_writable, typed_options
 
 log = logging.getLogger(__name__)
@@ -166,9 +166,7 @@ def report(cfg: DictConfig) -> Path:
     return out
 
 
-@hydra_main(config_path="../conf", config_name="report")
-def main(cfg: DictConfig) -> None:
-    run_entry(report, cfg, log=log)
+main = entry_main("report", ReportSchema, report)
 
 
 if __name__ == "__main__":

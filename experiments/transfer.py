@@ -37,7 +37,8 @@ from evaluation.selective import paired_bootstrap
 from experiments.plots import pyplot
 from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
-from extract.errors import check_name, hydra_main, run_entry
+from extract.errors import check_name
+from extract.entry import entry_main
 from extract.schema import check_writable, typed_options
 from extract.statements import TRILEMMA
 
@@ -183,9 +184,7 @@ def transfer(cfg: DictConfig) -> Path:
                           o["split"]["kind"], o["store_dir"])
 
 
-@hydra_main(config_path="../conf", config_name="transfer")
-def main(cfg: DictConfig) -> None:
-    run_entry(transfer, cfg, log=log)
+main = entry_main("transfer", TransferSchema, transfer)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from omegaconf import OmegaConf
 
 T = TypeVar("T")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
@@ -56,6 +58,7 @@ def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T | None:
         message = " ".join(str(err).split("\n"))
         log.error("%s", message)
         if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+            RefusedRunLeavesNothing.remove()
             sys.exit(1)
         job = HydraConfig.get()
         record = Path(job.runtime.output_dir) / "FAILED"
@@ -187,6 +190,30 @@ class ReportFailures(Callback):
             log.error("%d job(s) failed (listed above); rerun the same command to retry them, finished cells are "
                       "kept", len(failed))
             sys.exit(1)
+
+
+class RefusedRunLeavesNothing(Callback):
+    """A single run refused with a ToolkitError (run_entry) leaves no log folder behind: before Hydra makes
+    the run's folder (<results_dir>/logs/<entry>/<time>) the first of its ancestors that does not exist
+    yet is noted; remove() deletes the run's folder, or that ancestor (the folders this run made)."""
+    created: Path | None = None
+
+    def on_run_start(self, config, **kwargs) -> None:
+        parent = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute().parent
+        missing = [p for p in (parent, *parent.parents) if not p.exists()]
+        RefusedRunLeavesNothing.created = missing[-1] if missing else None
+
+    @classmethod
+    def remove(cls) -> None:
+        if not HydraConfig.initialized() or not HydraConfig.get().runtime.output_dir:
+            return
+        folder = Path(HydraConfig.get().runtime.output_dir)
+        for handler in list(logging.root.handlers):   # the run's log file, closed before its folder goes
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(folder):
+                handler.close()
+                logging.root.removeHandler(handler)
+        top = cls.created if cls.created is not None and folder.is_relative_to(cls.created) else folder
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def check_count(value, option: str, none_ok: bool = False) -> int | None:

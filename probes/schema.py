@@ -67,7 +67,8 @@ class ApplyProbeSchema:
     store_dir: str = option("activations", "the stores: <store_dir>/<the probe's model>/<data.name>.h5")
     results_dir: str = option("results", "transfer cells: <results_dir>/<model>/<train>-><eval>/...; text: "
                               "<model>/apply/")
-    overwrite: bool = option(False, "recompute a transfer cell that exists")
+    overwrite: bool = option(False, "recompute a transfer cell that exists, replace an earlier text= / csv= "
+                                    "output of the same name")
     batch_tokens: int = option(4096, "padded tokens per forward pass (text= / csv=)")
     device: str = option("auto", "where the model runs for text= / csv=: auto | cpu | cuda | cuda:N | mps")
 

@@ -19,6 +19,7 @@ from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
 from extract.config import compose_config
+from extract.errors import ToolkitError
 from extract.on_the_fly import extract_statements, store_model
 from extract.store import ActivationStore, ModelMismatch, StoreError, store_summary
 from probes.artifacts import artifact_path, fit_probe, load_probe
@@ -154,6 +155,22 @@ def test_text_scores_statements_like_the_store(dirs, capsys):
     assert json.loads(path.read_text())["classes"] == ["not true", "true"]
 
 
+def test_a_second_text_run_of_the_same_name_is_refused_unless_overwrite(dirs, tmp_path):
+    """A second text= run used to replace the first's output silently: it is refused (one line, before the
+    model is loaded) unless overwrite=true or another name= is given."""
+    root, cells = dirs
+    base = (f"probe={cells['true_vs_all']}", f"store_dir={root / 's'}", f"results_dir={tmp_path / 'results'}")
+    first = apply(compose_apply(*base, "text=Paris is a city in France."))
+    before = first.read_text()
+    with pytest.raises(ToolkitError, match="exists .*give name=<another name>, or overwrite=true"):
+        apply(compose_apply(*base, "text=Rome is a city in Peru."))
+    assert first.read_text() == before
+    other = apply(compose_apply(*base, "text=Rome is a city in Peru.", "name=rome"))
+    assert other != first and first.read_text() == before
+    again = apply(compose_apply(*base, "text=Rome is a city in Peru.", "overwrite=true"))
+    assert again == first and "Rome" in first.read_text()
+
+
 def test_text_is_data_never_interpolated(dirs, tmp_path, monkeypatch, capsys):
     """`${oc.env:SECRET_TOKEN}` in text= used to be scored and saved as the variable's value, and an unset
     variable crashed: user text is scored as the characters written."""
@@ -161,10 +178,11 @@ def test_text_is_data_never_interpolated(dirs, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SECRET_TOKEN", "hunter2-do-not-leak")
     monkeypatch.delenv("TRUTHPROBE_UNSET_VARIABLE", raising=False)
     base = (f"probe={cells['true_vs_all']}", f"store_dir={root / 's'}", f"results_dir={tmp_path / 'results'}")
-    for text, expected in [("${oc.env:SECRET_TOKEN}", ["${oc.env:SECRET_TOKEN}"]),
-                           ("['${oc.env:SECRET_TOKEN}', 'Paris is in ${oc.env:TRUTHPROBE_UNSET_VARIABLE}.']",
-                            ["${oc.env:SECRET_TOKEN}", "Paris is in ${oc.env:TRUTHPROBE_UNSET_VARIABLE}."])]:
-        path = apply(compose_apply(*base, f"text={text}"))
+    for i, (text, expected) in enumerate([
+            ("${oc.env:SECRET_TOKEN}", ["${oc.env:SECRET_TOKEN}"]),
+            ("['${oc.env:SECRET_TOKEN}', 'Paris is in ${oc.env:TRUTHPROBE_UNSET_VARIABLE}.']",
+             ["${oc.env:SECRET_TOKEN}", "Paris is in ${oc.env:TRUTHPROBE_UNSET_VARIABLE}."])]):
+        path = apply(compose_apply(*base, f"text={text}", f"name=t{i}"))
         saved = json.loads(path.read_text())
         assert [s["statement"] for s in saved["statements"]] == expected
         assert "hunter2" not in path.read_text()

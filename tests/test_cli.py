@@ -117,3 +117,27 @@ def test_cell_paths_and_statements_are_taken_as_written():
                                                                                            "text=[a, b]"]
     assert quoted(["text=it's = 2"], ("text",)) == ["text='it\\'s = 2'"]
     assert compose_config("ncb", *quoted([f"method={path}"], ("method",))).method == path
+
+
+def test_a_refused_run_leaves_no_logs_and_a_real_run_logs_under_its_output_folder(tmp_path):
+    """Every call, a refused one included, used to write logs/<entry>/<time>/ in the working directory: a
+    run refused at option checking leaves nothing, a real one logs under <results_dir>/logs/<entry>/."""
+    from tests.helpers import make_synthetic_store
+
+    work, results = tmp_path / "work", tmp_path / "out" / "results"
+    work.mkdir()
+    store = tmp_path / "activations"
+    make_synthetic_store(store)
+    for args in (["layer=99"], ["probe=linaer"], ["lyer=3"], ["n_boot=0"]):
+        done = subprocess.run([sys.executable, "-m", "train_probe", "model.name=synthetic", f"store_dir={store}",
+                               f"results_dir={results}", *args], cwd=work, env={**ENV, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert list(work.iterdir()) == [] and not (tmp_path / "out").exists(), args
+    done = subprocess.run([sys.executable, "-m", "train_probe", "model.name=synthetic", f"store_dir={store}",
+                           f"results_dir={results}", "probe=mean_diff", "layer=1", "n_boot=10"], cwd=work,
+                          env={**ENV, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(work.iterdir()) == []
+    logs = list((results / "logs" / "train_probe").glob("*/train_probe.log"))
+    assert len(logs) == 1 and logs[0].stat().st_size > 0

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from probes.artifacts import artifact_path
 from probes.pipeline import train_probes
@@ -66,8 +67,13 @@ def test_killed_sweep_resumes_cell_by_cell(dirs, tmp_path):
     after = list(results.rglob("*.json"))
     assert len(after) == 2 * len(TASKS)
     assert all(p.stat().st_mtime_ns == t for p, t in first.items())   # existing cells were skipped
-    uninterrupted = train_probes(run_cfg(dirs, "probe=mlp", f"tasks=[{','.join(TASKS)}]", "layer=[0,1]",
-                                         f"results_dir={tmp_path / 'straight'}"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the killed run (OMP_NUM_THREADS=1): float sums in the same order
+    try:
+        uninterrupted = train_probes(run_cfg(dirs, "probe=mlp", f"tasks=[{','.join(TASKS)}]", "layer=[0,1]",
+                                             f"results_dir={tmp_path / 'straight'}"))
+    finally:
+        torch.set_num_threads(threads)
     for p in uninterrupted:
         q = results / p.relative_to(tmp_path / "straight")
         assert comparable(q) == comparable(p)
