@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 import runpy
 import sys
@@ -55,12 +56,16 @@ def entry_main(config_name: str, schema: type, run: str | Callable, summary: Cal
 
     log = logging.getLogger(config_name)
 
-    def task(cfg):
+    def job(cfg):
+        if "threads" in cfg:
+            set_threads(cfg.threads, log)
         if isinstance(run, str):
             module, function = run.split(":")
-            result = run_entry(getattr(importlib.import_module(module), function), cfg, log=log)
-        else:
-            result = run_entry(run, cfg, log=log)
+            return getattr(importlib.import_module(module), function)(cfg)
+        return run(cfg)
+
+    def task(cfg):
+        result = run_entry(job, cfg, log=log)
         if result is not None and summary is not None:
             log.info("%s", summary(result, cfg))
         return result
@@ -74,6 +79,37 @@ def entry_main(config_name: str, schema: type, run: str | Callable, summary: Cal
             sys.argv[1:] = quoted(sys.argv[1:], quote, renames)
         return hydra_task(cfg)
     return main
+
+
+_CORES: dict[str, int] = {}   # torch's own default thread count (its physical cores), read before the first change
+
+
+def set_threads(value, log: logging.Logger | None = None) -> int:
+    """Set torch's CPU threads for this run from the `threads` option and log the choice: a number, or
+    "auto": SLURM_CPUS_PER_TASK (a SLURM job's share), else OMP_NUM_THREADS (set by whoever runs several
+    jobs at once, e.g. experiments.sweep), else every core this process may use (a single job). Several
+    jobs sharing the cores each at every core oversubscribe them: one linear cell took 35 s at 2 threads
+    on a loaded 2-core machine and 4.4 s at 1."""
+    from extract.errors import ToolkitError
+
+    if str(value) == "auto":
+        import torch
+
+        source = next((k for k in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS") if os.environ.get(k, "").isdigit()
+                       and int(os.environ[k]) >= 1), None)
+        n, why = ((int(os.environ[source]), source) if source else
+                  (_CORES.setdefault("torch", torch.get_num_threads()), "every core of this process"))
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        n, why = value, "threads="
+    else:
+        raise ToolkitError(f"threads={value!r}: use auto or a whole number >= 1, e.g. threads=1 for one job of "
+                           "several running at once")
+    import torch
+
+    torch.set_num_threads(n)
+    if log is not None:
+        log.info("torch CPU threads: %d (%s; threads=N sets it)", n, why)
+    return n
 
 
 def quoted(args: list[str], keys: tuple[str, ...], renames: dict[str, str] | None = None) -> list[str]:

@@ -43,6 +43,12 @@ def option(default, help: str) -> Field:
     return field(default=default, metadata={"help": help})
 
 
+def threads_option() -> Field:
+    """The `threads` option of the entry points that run torch (conf/runtime/threads.yaml; extract.entry.set_threads)."""
+    return option("auto", "torch CPU threads: auto (SLURM_CPUS_PER_TASK or OMP_NUM_THREADS when set, else every core "
+                          "of this process) or a number; one job of several at once: threads=1")
+
+
 def schema_options(schema, groups=(), prefix: str = "") -> dict[str, Field]:
     """The options `schema` (a dataclass) declares, by dotted name (`trainer.accelerator`): nested dataclasses
     flattened, its top-level fields named in `groups` (config groups: model, data, ...) left out."""
@@ -100,6 +106,7 @@ class ExtractSchema:
     batch_tokens: int = option(4096, "padded tokens per forward pass (batch size x longest statement)")
     window_tokens: Any = option("auto", "tokens per write (the unit of resumption); auto: as many as fit window_mb")
     window_mb: int = option(512, "buffer memory per window (up to three windows are held at once)")
+    threads: Any = threads_option()
 
 
 def validate(cfg: DictConfig) -> DictConfig:

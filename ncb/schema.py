@@ -16,7 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from evaluation.tasks import TASKS
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, typed_options
+from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
 from ncb.interference import check_templates
 from zero_shot.prompts import get_enumeration
 
@@ -70,6 +70,7 @@ class NCBSchema:
     seed: int = option(0, "bootstrap seed")
     split_seed: int = option(0, "entity_disjoint split seed of zero_shot (as python -m zero_shot)")
     store_dir: str = option("activations", "clean store <store_dir>/<model>/<datapack>.h5; stress stores beside it")
+    threads: Any = threads_option()
     results_dir: str = option("results", "<results_dir>/<model.name>/<data.name>/ncb/<method>/{targets,stress}.json")
     overwrite: bool = option(False, "recompute existing outputs (and re-extract the stress store)")
     zero_shot: ZeroShotOptions = field(default_factory=ZeroShotOptions)

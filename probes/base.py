@@ -26,6 +26,7 @@ The Python API's inputs (arrays from any tool) are checked here, at its edge (`a
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import warnings
 from contextlib import contextmanager
@@ -326,10 +327,48 @@ def quiet_lightning():
             lg.setLevel(lvl)
 
 
+TRAINER_LOGGERS = ("csv", "tensorboard")
+_LOGGING: dict = {}   # {"kind": ..., "folder": ...} inside trainer_logging(), else empty
+
+
+def check_logger(kind: str) -> None:
+    """One ProbeError line unless `kind` is a logger this environment can run (tensorboard needs its package)."""
+    check_choice("trainer.logger", kind, TRAINER_LOGGERS)
+    if kind == "tensorboard" and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+        raise ProbeError("trainer.logger=tensorboard needs the tensorboard package: pip install tensorboard (or use "
+                         "trainer.logger=csv)")
+
+
+@contextmanager
+def trainer_logging(kind: str | None, folder):
+    """Within: every Lightning fit (mlp, linear) logs its metrics with Lightning's `kind` logger ("csv":
+    metrics.csv, "tensorboard": event files) under `folder`/version_<n> (one version per fit: heads,
+    folds, C values in the order fitted); None: no logger (the default, nothing written)."""
+    if kind is None:
+        yield
+        return
+    check_logger(kind)
+    _LOGGING.update(kind=kind, folder=str(folder))
+    try:
+        yield
+    finally:
+        _LOGGING.clear()
+
+
+def _logger():
+    """The Lightning logger of the current trainer_logging() context, or False."""
+    if not _LOGGING:
+        return False
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    return (CSVLogger if _LOGGING["kind"] == "csv" else TensorBoardLogger)(_LOGGING["folder"], name="")
+
+
 def make_trainer(accelerator: str, max_epochs: int, callbacks=None, **kwargs) -> L.Trainer:
-    """A single-device Trainer without logger / checkpoints / progress bar / model summary."""
+    """A single-device Trainer without checkpoints / progress bar / model summary, and without a logger
+    unless inside trainer_logging()."""
     return L.Trainer(accelerator=accelerator, devices=1, max_epochs=max_epochs, callbacks=callbacks,
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     logger=_logger(), enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
                      **kwargs)
 

@@ -123,11 +123,15 @@ class MLPProbe(Probe):
     def training_step(self, batch, batch_idx):
         """One epoch: an AdamW step on each mini-batch of `self._batches`."""
         optimizer = self.optimizers()
+        losses = []
         for rows in self._batches:
             rows = tuple(t.to(self.device) for t in rows)
             optimizer.zero_grad()
-            self.manual_backward(self._loss(rows))
+            loss = self._loss(rows)
+            self.manual_backward(loss)
             optimizer.step()
+            losses.append(loss.detach())
+        self.log("train_loss", torch.stack(losses).mean(), on_step=False, on_epoch=True, batch_size=1)   # (for a logger)
 
     def validation_step(self, batch, batch_idx):
         loss = self._loss(batch)  # one batch: the whole held-out part

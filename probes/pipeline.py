@@ -25,7 +25,7 @@ from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE
 from extract.store import ActivationStore, select_layers, store_path, store_summary
 from probes.artifacts import build_probe, calibrated_heads, write_probe_cell
-from probes.base import Probe, check_choice
+from probes.base import Probe, check_choice, trainer_logging
 from probes.features import layer_features
 from probes.fitting import CALIBRATIONS, HeadBank
 from probes.schema import validate
@@ -59,6 +59,8 @@ def train_probes(cfg: DictConfig) -> list[Path]:
             features = layer_features(store, k, template.representation, template.tokens)
             features.groups = groups
             banks: dict[bytes, tuple[HeadBank, dict]] = {}   # one bank per set of statements
+            fits_log = Path(cfg.results_dir, "logs", "lightning", cfg.model.name, cfg.data.name, cfg.probe.name,
+                            f"layer={k}")
             for t in todo[k]:
                 rows, y = targets[t]
                 key = rows.tobytes()
@@ -67,8 +69,9 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                     banks[key] = (HeadBank(template, features.subset(rows), labels[rows], parts["train"],
                                            _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)), parts)
                 bank, parts = banks[key]
-                cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t), k, split.summary(),
-                                        store_summary(store))
+                with trainer_logging(cfg.trainer.logger, fits_log):
+                    cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t), k, split.summary(),
+                                            store_summary(store))
                 cell["metrics"].update(datapack_metrics(cfg.data.name, t, table, rows[parts["test"]],
                                                         cell["test"]["probs"], cfg.seed, cfg.n_boot))
                 write_probe_cell(paths[t, k], cell, heads)

@@ -13,15 +13,17 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from extract.errors import ToolkitError, check_count
-from extract.schema import check_writable, option, typed_options
+from extract.schema import check_writable, option, threads_option, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
+TrainerLogger = Enum("TrainerLogger", {k: k for k in ("csv", "tensorboard")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
 _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",
           "calibration_folds": "a whole number >= 2", "bootstrap": "cluster or iid",
-          "calibration": "out_of_fold, out_of_fold_cv or in_sample", "trainer.accelerator": "auto, cpu or gpu"}
+          "calibration": "out_of_fold, out_of_fold_cv or in_sample", "trainer.accelerator": "auto, cpu or gpu",
+          "trainer.logger": "csv, tensorboard or null"}
 APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
                "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)",
                "device": "auto, cpu, cuda or mps"}
@@ -30,6 +32,9 @@ APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 
 @dataclass
 class TrainerSchema:
     accelerator: Accelerator = option(Accelerator.auto, "where the probes are fitted: cpu | gpu | auto")
+    logger: Optional[TrainerLogger] = option(None, "Lightning's csv | tensorboard logger for the mlp fits' losses, "
+                                             "under <results_dir>/logs/lightning/<model>/<datapack>/<probe>/layer=<k>/"
+                                             "; null: none")
 
 
 @dataclass
@@ -52,6 +57,7 @@ class TrainProbeSchema:
     store_dir: str = option("activations", "the stores read: <store_dir>/<model.name>/<data.name>.h5")
     results_dir: str = option("results", "result cells: <results_dir>/<model>/<datapack>/<method>/<task>/...")
     overwrite: bool = option(False, "recompute cells that exist")
+    threads: Any = threads_option()
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
 
 
@@ -71,6 +77,7 @@ class ApplyProbeSchema:
                                     "output of the same name")
     batch_tokens: int = option(4096, "padded tokens per forward pass (text= / csv=)")
     device: str = option("auto", "where the model runs for text= / csv=: auto | cpu | cuda | cuda:N | mps")
+    threads: Any = threads_option()
 
 
 def validate(cfg: DictConfig) -> DictConfig:
@@ -86,5 +93,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     if checked["trainer"]["accelerator"] in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ToolkitError(f"trainer.accelerator={checked['trainer']['accelerator']} but no GPU is visible: use "
                            "trainer.accelerator=cpu (or auto)")
+    if checked["trainer"]["logger"] is not None:
+        from probes.base import check_logger
+
+        check_logger(checked["trainer"]["logger"])
     check_writable(checked["results_dir"])
     return OmegaConf.create(checked)

@@ -199,6 +199,7 @@ BAD_OPTIONS = [  # issue 10, item 11: option -> the words the one error line mus
     (["n_boot=-5"], "n_boot=-5"), (["probe.C=-1"], "C=-1"), (["mondrian=maybe"], "mondrian"),
     (["probe=mlp", "probe.hidden=0"], "hidden=0"), (["alpha=2"], "alpha=2"), (["layer=[]"], "layer=[]"),
     (["layer=1.5"], "layer=1.5"), (["bootstrap=both"], "bootstrap"), (["calibration=maybe"], "calibration"),
+    (["threads=0"], "threads=0: use auto or a whole number >= 1"), (["trainer.logger=wandb"], "trainer.logger"),
 ]
 
 
@@ -232,3 +233,50 @@ def test_a_store_holding_nan_is_refused_in_one_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert result.returncode == 1 and len(errors) == 1 and "NaN or inf" in errors[0], result.stderr[-1500:]
     assert not (tmp_path / "results").exists()
+
+
+def test_threads_auto_follows_the_launcher_and_is_printed(synthetic_dirs, tmp_path, monkeypatch):
+    """threads=auto: SLURM_CPUS_PER_TASK, else OMP_NUM_THREADS, else torch's own (every core); a number wins."""
+    import logging
+
+    import torch
+
+    from extract.entry import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        log = logging.getLogger("threads-test")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+        assert set_threads("auto", log) == 3 and torch.get_num_threads() == 3
+        monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+        assert set_threads("auto", log) == 1
+        assert set_threads(2, log) == 2 and torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert set_threads("auto", log) >= 1
+    finally:
+        torch.set_num_threads(before)
+    done = subprocess.run([sys.executable, "-m", "train_probe", "model.name=synthetic",
+                           f"store_dir={synthetic_dirs / 'activations'}", f"results_dir={tmp_path / 'results'}",
+                           f"hydra.run.dir={tmp_path / 'logs'}", "layer=1", "probe=mean_diff", "n_boot=10",
+                           "threads=1"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and "torch CPU threads: 1 (threads=" in done.stderr, done.stderr[-2000:]
+
+
+def test_trainer_logger_csv_writes_the_mlp_losses_and_changes_no_number(synthetic_dirs, tmp_path):
+    """trainer.logger=csv: one metrics.csv per Lightning fit (train and validation loss per epoch) under
+    <results_dir>/logs/lightning/...; the cell is the one of a run without a logger."""
+    from tests.helpers import comparable
+
+    args = ("probe=mlp", "task=true_vs_all", "layer=1", "n_boot=10")
+    plain = train_probes(run_cfg(synthetic_dirs, *args, f"results_dir={tmp_path / 'plain'}"))
+    logged = train_probes(run_cfg(synthetic_dirs, *args, f"results_dir={tmp_path / 'logged'}", "trainer.logger=csv"))
+    metrics = sorted((tmp_path / "logged" / "logs" / "lightning" / "synthetic" / "city_locations" / "mlp" /
+                      "layer=1").glob("version_*/metrics.csv"))
+    assert len(metrics) >= 2        # the final fit and the out-of-fold fits
+    header = metrics[0].read_text().splitlines()[0].split(",")
+    assert {"epoch", "train_loss", "val_loss"} <= set(header)
+    a, b = comparable(plain[0]), comparable(logged[0])
+    a["config"]["trainer"].pop("logger"), b["config"]["trainer"].pop("logger")
+    assert a == b
+    assert not (tmp_path / "plain" / "logs").exists()

@@ -7,12 +7,12 @@ model is loaded, never a traceback after the scoring.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from extract.errors import check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, typed_options
+from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
 
 _HINTS = {"limit": "a whole number >= 1, or null for every question", "batch_size": "a whole number >= 1",
           "save_every": "a whole number >= 1", "prefix_cache": "true or false", "n_boot": "a whole number >= 1",
@@ -32,6 +32,7 @@ class TruthfulQASchema:
     n_boot: int = option(1000, "bootstrap resamples (over questions) for the 95 % intervals")
     seed: int = option(0, "bootstrap seed")
     results_dir: str = option("results", "<results_dir>/<model.name>/truthfulqa/likelihood-<format>[-limit<N>].json")
+    threads: Any = threads_option()
 
 
 def validate(cfg: DictConfig) -> DictConfig:

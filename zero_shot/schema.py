@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.metrics import resampling_groups
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, typed_options
+from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
 from zero_shot.prompts import get_enumeration
 
 _HINTS = {"batch_size": "a whole number >= 1", "save_every": "a whole number >= 1", "limit": "a whole number >= 1, "
@@ -49,6 +49,7 @@ class ZeroShotSchema:
     mondrian: bool = option(False, "class-conditional conformal thresholds")
     n_boot: int = option(1000, "bootstrap resamples for the 95 % intervals")
     results_dir: str = option("results", "scores and cells under <results_dir>/<model.name>/<data.name>/")
+    threads: Any = threads_option()
 
 
 def validate(cfg: DictConfig) -> DictConfig:

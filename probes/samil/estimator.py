@@ -143,18 +143,9 @@ class SAwMIL(BaseEstimator):
                  c_scaling: str = "per_instance", stage3_weights: str = "balanced", min_pos_ratio: float = 0.05,
                  fallback: str = "candidates", max_iter: int = 300, tol: float = 1e-6, device=None, seed: int = 0,
                  num_threads: int | None = None):
-        self.C = C
-        self.eta = eta
-        self.k = k
-        self.c_scaling = c_scaling
-        self.stage3_weights = stage3_weights
-        self.min_pos_ratio = min_pos_ratio
-        self.fallback = fallback
-        self.max_iter = max_iter
-        self.tol = tol
-        self.device = device
-        self.seed = seed
-        self.num_threads = num_threads
+        self.C, self.eta, self.k, self.c_scaling, self.stage3_weights = C, eta, k, c_scaling, stage3_weights
+        self.min_pos_ratio, self.fallback, self.max_iter, self.tol = min_pos_ratio, fallback, max_iter, tol
+        self.device, self.seed, self.num_threads = device, seed, num_threads
 
     def check_params(self) -> "SAwMIL":
         """Validate the constructor arguments (called by `fit`; a probe calls it at construction)."""
