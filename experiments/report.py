@@ -102,7 +102,7 @@ def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str
             plots.risk_coverage(chosen, behaviour, out / "risk_coverage.png", title)
             first_task = sorted(best["task"])[0]
             plots.reliability({p: c for (p, t), c in chosen.items() if t == first_task}, out / "reliability.png",
-                              f"{title}: {first_task}")
+                              f"{title}, {plots.words(first_task)}")
         write_ncb(results_dir, out, model, datapack)             # nothing when `python -m ncb` has not run
         if datapack == TRUTHFULQA:
             write_truthfulqa(results_dir, out, model)               # probe vs likelihood MC1 / MC2

@@ -14,7 +14,8 @@ cell's test split). Writes to <reports_dir>/<model>/:
                                 probe's `flag` (experiments.tables.cell_flag); the markdown as one
                                 train x eval matrix per probe and task
     transfer_<task>.png         MCC heat-maps (rows: training datapack, columns: evaluation datapack),
-                                one panel per probe; "1 label" marks single-label cells
+                                one panel per probe, each cell's 95 % interval under its value;
+                                "(one label)" marks single-label cells
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from apply_probe import apply_to_store, transfer_path
 from evaluation.cell_metrics import raw_auroc
 from evaluation.cells import CellError
 from evaluation.selective import paired_bootstrap
-from experiments.plots import pyplot
+from experiments.plots import LABELS, save, subplots, words
 from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
 from extract.errors import check_name
@@ -118,7 +119,7 @@ def write_transfer(results_dir, reports_dir, model: str, datapacks=TRILEMMA, tas
         table.to_csv(folder / "transfer.csv", index=False)
         (folder / "transfer.md").write_text(_markdown(table, list(datapacks)))
         for task, g in table.groupby("task"):
-            heat_maps(g, list(datapacks), folder / f"transfer_{task}.png", f"{model}: {task} (MCC, rows: trained on)")
+            heat_maps(g, list(datapacks), folder / f"transfer_{task}.png", f"{model}, {words(task)}")
 
     # the model's folder also holds its datapacks' reports: only the transfer files are replaced
     out = publish(Path(reports_dir) / check_name(model, "model"), build, whole_folder=False)
@@ -151,29 +152,30 @@ def _entry(x) -> str:
 
 
 def heat_maps(table: pd.DataFrame, datapacks: list[str], path: Path, title: str) -> None:
-    """One panel per probe: MCC of each (train, eval) pair, annotated; blank where no cell exists."""
-    plt = pyplot()
+    """One panel per probe: MCC of each (train, eval) pair with its 95 % interval under it, "(one label)"
+    where the conformal sets accept one label only; blank where no cell exists."""
     probes = sorted(table["probe"].unique())
-    size = (1.2 + 1.4 * len(datapacks) * len(probes), 1.4 + 1.2 * len(datapacks))
-    fig, axes = plt.subplots(1, len(probes), figsize=size, squeeze=False)
+    side = 1.3 * len(datapacks) + 0.8
+    fig, axes = subplots(1, len(probes), side, side, layout="compressed")
     index = {d: i for i, d in enumerate(datapacks)}
     for ax, probe in zip(axes[0], probes):
         grid = np.full((len(datapacks), len(datapacks)), np.nan)
-        for r in table[table["probe"] == probe].itertuples():
+        rows = table[table["probe"] == probe]
+        for r in rows.itertuples():
             grid[index[r.train], index[r.eval]] = r.mcc
-        single = {(index[r.train], index[r.eval]) for r in table[table["probe"] == probe].itertuples() if r.single_label}
         image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r")
-        for (i, j), value in np.ndenumerate(grid):
-            if not np.isnan(value):
-                ax.text(j, i, f"{value:.2f}" + ("\n1 label" if (i, j) in single else ""), ha="center", va="center",
-                        fontsize=8)
-        ax.set_xticks(range(len(datapacks)), datapacks, rotation=30, ha="right", fontsize=7)
-        ax.set_yticks(range(len(datapacks)), datapacks if ax is axes[0][0] else [], fontsize=7)  # rows: trained on
+        for r in rows.itertuples():
+            text = f"{r.mcc:.2f}" + ("" if pd.isna(r.mcc_lo) else f"\n[{r.mcc_lo:.2f}, {r.mcc_hi:.2f}]")
+            ax.text(index[r.eval], index[r.train], text + ("\n(one label)" if r.single_label else ""), ha="center",
+                    va="center", fontsize=7, color="w" if abs(r.mcc) > 0.6 else "k")
+        labels = [words(d) for d in datapacks]
+        ax.set_xticks(range(len(datapacks)), labels, rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(datapacks)), labels if ax is axes[0][0] else [], fontsize=7)
+        ax.set_xlabel("evaluated on")
         ax.set_title(probe, fontsize=9)
-    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="MCC")
-    fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    axes[0][0].set_ylabel("trained on")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label=LABELS["mcc"])
+    save(fig, path, f"{title}: MCC on accepted statements, its 95 % interval under it")
 
 
 def transfer(cfg: DictConfig) -> Path:
