@@ -16,6 +16,7 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
+from threadpoolctl import threadpool_limits
 
 from probes import FittedProbe, LinearProbe, MeanDiffProbe, MLPProbe, SAwMILProbe, fit_probe
 from probes.base import ProbeError
@@ -143,4 +144,12 @@ EXPECTED_FAILURES = {
                           MLPProbe(max_epochs=5, seed=0, accelerator="cpu")],
                          expected_failed_checks=lambda est: EXPECTED_FAILURES[type(est).__name__], xfail_strict=True)
 def test_sklearn_estimator_checks(estimator, check):
-    check(estimator)
+    """At one thread: several checks compare float32 scores of a subset with the same rows scored in a
+    batch (to 1e-7), which a multi-threaded reduction on a loaded machine does not always reproduce."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            check(estimator)
+    finally:
+        torch.set_num_threads(threads)
