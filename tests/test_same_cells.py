@@ -3,7 +3,9 @@ zero-shot baseline, applied probes, the report) gives the same cells, tables and
 recorded fingerprints in tests/golden/small_sweep.json.
 
 What differs between two runs is left out of a fingerprint: timings, dates, provenance (command, git
-commit) and the temporary folder (replaced by `<root>`). Floats are compared through three fixed
+commit), the temporary folder (replaced by `<root>`) and a cell's `heads` record (its file is named by
+the sha256 of the float weights, so the last bit of a weight renames it; the weights' effect is in the
+cell's scores). Floats are compared through three fixed
 random projections, within 1e-6 of their scale (1e-4 for tables and pixels), so the last bits of a
 reduction on another machine do not count; any real change does.
 A deliberate change of results rewrites the fingerprints:
@@ -31,7 +33,7 @@ from tests.helpers import ROOT, datapack_csv, extract_csv, make_synthetic_store
 
 GOLDEN = ROOT / "tests" / "golden" / "small_sweep.json"
 TASKS = "[true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]"
-VOLATILE = {"fit_seconds", "seconds", "created", "provenance"}
+VOLATILE = {"fit_seconds", "seconds", "created", "provenance", "heads"}   # heads: file named by its weights' sha256
 FLOAT = re.compile(r"-?\d+\.\d*(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|nan|inf")
 WEIGHTS = np.random.default_rng(0).uniform(0.5, 1.5, size=(3, 1 << 16))
 RTOL = {".json": 1e-6, ".npy": 1e-6, ".csv": 1e-4, ".md": 1e-4, ".png": 1e-4}
