@@ -203,6 +203,14 @@ def test_knows_vs_says_report(tqa_cells, tqa_dirs, tmp_path):
     likelihood = {"format": "lm_eval", "n_questions": 30, "mc1": mc1.mean(), "mc2": mc2.mean(),
                   "mc1_ci": [0.1, 0.9], "mc2_ci": [0.2, 0.8], "questions": questions}
     (tqa_dirs / "results" / "tiny" / "truthfulqa" / "likelihood-lm_eval.json").write_text(json.dumps(likelihood))
+    verify = {"format": "chat", "n_questions": 30, "mc1_verify": 0.3, "mc2_verify": 0.01, "mc1_verify_ci": [0.1, 0.5],
+              "mc2_verify_ci": [-0.02, 0.04],
+              "questions": [{"row": q.row, "p_yes": rng.random(len(q.mc2_choices)).tolist(), "mc2_labels": q.mc2_labels}
+                            for q in load_questions()[:30]]}
+    for q, rec in zip(load_questions()[:30], verify["questions"]):     # MC1 choices: the best and the incorrect
+        p = dict(zip(q.mc2_choices, rec["p_yes"]))
+        rec["mc1_p_yes"] = [p[a] for a in q.mc1_choices]
+    (tqa_dirs / "results" / "tiny" / "truthfulqa" / "verify-chat.json").write_text(json.dumps(verify))
     csv, md, csv_all, md_all, png = write_truthfulqa(tqa_dirs / "results", tmp_path, "tiny")
     table, chosen = pd.read_csv(csv_all), pd.read_csv(csv)
     assert len(table) == len(paths) and png.stat().st_size > 0
@@ -219,6 +227,15 @@ def test_knows_vs_says_report(tqa_cells, tqa_dirs, tmp_path):
         same = [by_row[q] for q in m["probe_mc_questions"]]
         s1, s2 = mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))
         assert (r["likelihood_mc1_same"], r["likelihood_mc2_same"]) == pytest.approx((s1.mean(), s2.mean()))
+        assert r["probe_mc2_verify"] == pytest.approx(m["probe_mc2_verify"])
+        v = {q["row"]: q for q in verify["questions"]}
+        v1 = [(lambda x: float(x[0] == max(x)) / sum(y == max(x) for y in x))(v[row]["mc1_p_yes"])
+              for row in m["probe_mc_questions"]]
+        v2 = [np.mean([p for p, y in zip(v[row]["p_yes"], v[row]["mc2_labels"]) if y])
+              - np.mean([p for p, y in zip(v[row]["p_yes"], v[row]["mc2_labels"]) if not y])
+              for row in m["probe_mc_questions"]]
+        assert (r["verify_mc1_same"], r["verify_mc2_same"]) == pytest.approx((np.mean(v1), np.mean(v2)))
+    assert "Verification (chat, all 30 questions): MC1 0.300" in md.read_text()
 
 
 def test_the_report_shows_one_layer_per_probe_chosen_on_calibration(tqa_cells, tqa_dirs, tmp_path):

@@ -1,4 +1,6 @@
-"""`python -m truthfulqa`: per-choice log-likelihoods of every question, MC1 / MC2 and their intervals.
+"""`python -m truthfulqa`: per-choice log-likelihoods of every question, MC1 / MC2 and their intervals
+(`mode=likelihood`, below); P(yes) that each answer is correct, MC1 / MC2_verify (`mode=verify`, `run_verify`);
+generated answers judged (`mode=generate`, truthfulqa.generate).
 
 Output ``<results_dir>/<model.name>/truthfulqa/likelihood-<format>[-limit<N>].json``::
 
@@ -17,6 +19,16 @@ in both MC1 and MC2). Requests run longest first in batches of `batch_size` (ext
 batches the log-likelihoods done so far go atomically to ``<name>.partial.npz``; a rerun with the
 same model, format and questions continues from it (other settings: it starts again; a file that
 cannot be read is discarded with one warning). Every option is checked first (truthfulqa.schema).
+
+mode=verify, ``verify-<format>[-limit<N>].json``::
+
+    mode, format, prompt (truthfulqa.verify.prompt_record: template, Yes / No ids and tokens),
+    n_questions, mc1_verify, mc1_verify_ci, mc1_verify_ties, mc2_verify, mc2_verify_ci,
+    p_yes_correct / p_yes_incorrect (mean over answers), model_id, model_label, model_fingerprint,
+    seconds, resumed_after_requests,
+    questions: [{row, p_yes (per MC2 choice), mc2_labels, mc1_p_yes (best, then incorrect)}, ...]
+
+Each distinct prompt is scored once (extract.scorer, checkpointed and resumed as above).
 """
 from __future__ import annotations
 
@@ -29,21 +41,49 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from evaluation.cells import atomic_write, write_record
-from evaluation.multiple_choice import mc_scores, question_ci
+from evaluation.multiple_choice import mc1_credit, mc2_verify, mc_scores, question_ci
 from extract.errors import check_name
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score
 from extract.truthfulqa_pack import Question, TruthfulQAError, count_duplicate_choices, load_questions
 from truthfulqa.likelihood import LoglikScorer, question_requests
 from truthfulqa.schema import validate
+from truthfulqa.verify import NextTokenMass, encode, p_yes, prompt_record, verify_text, yes_no_ids
 
 log = logging.getLogger(__name__)
 
 
 def result_path(cfg: DictConfig) -> Path:
+    """<results_dir>/<model.name>/truthfulqa/<mode>-<format>[-<decoding>][-limit<N>].json"""
+    mode = cfg.get("mode", "likelihood")
+    decoding = f"-{decoding_tag(cfg.generate)}" if mode == "generate" else ""
     suffix = f"-limit{int(cfg.limit)}" if cfg.get("limit") else ""
     return (Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / "truthfulqa"
-            / f"likelihood-{cfg.format}{suffix}.json")
+            / f"{mode}-{cfg.format}{decoding}{suffix}.json")
+
+
+def decoding_tag(gen) -> str:
+    """greedy-n<max_new_tokens>, or sample-t<temperature>-p<top_p>-s<seed>-n<max_new_tokens>."""
+    if gen.temperature == 0:
+        return f"greedy-n{gen.max_new_tokens}"
+    return f"sample-t{gen.temperature:g}-p{gen.top_p:g}-s{gen.seed}-n{gen.max_new_tokens}"
+
+
+def machine(loaded) -> str:
+    """Where a run ran, as results record it: device, CPU model, cores, torch threads."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f" ({torch.cuda.get_device_name(loaded.device)})" if loaded.device.type == "cuda" else ""
+    return (f"{loaded.device}{gpu}; {platform.system()} {platform.machine()}, {cpu or 'CPU'}, {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads")
 
 
 def select_questions(cfg: DictConfig) -> list[Question]:
@@ -81,10 +121,22 @@ def build_requests(tokenizer, fmt: str, questions: list[Question], system_prompt
 
 
 def run(cfg: DictConfig, on_batch=None) -> Path:
-    """Score the questions (or resume), write the result JSON atomically, print MC1 / MC2.
+    """Run `mode=` (likelihood, verify or generate) on the questions (or resume), write its result JSON
+    atomically and print its headline numbers.
 
     on_batch(b): called after batch b (tests use it to simulate an interruption)."""
     cfg = validate(cfg)                       # every option typed and in range before any work
+    if cfg.mode == "verify":
+        return run_verify(cfg, on_batch)
+    if cfg.mode == "generate":
+        from truthfulqa.generate import run_generate
+
+        return run_generate(cfg, on_batch)
+    return run_likelihood(cfg, on_batch)
+
+
+def run_likelihood(cfg: DictConfig, on_batch=None) -> Path:
+    """mode=likelihood: per-choice log-likelihoods -> MC1 / MC2 (module docstring)."""
     fmt = cfg.format
     questions = select_questions(cfg)
     final = result_path(cfg)
@@ -114,4 +166,71 @@ def run(cfg: DictConfig, on_batch=None) -> Path:
     print(f"TruthfulQA {fmt} ({cfg.model.name}, {len(questions)} questions): "
           f"MC1 {result['mc1']:.4f} [{result['mc1_ci'][0]:.4f}, {result['mc1_ci'][1]:.4f}]  "
           f"MC2 {result['mc2']:.4f} [{result['mc2_ci'][0]:.4f}, {result['mc2_ci'][1]:.4f}]  -> {final}")
+    return final
+
+
+def distinct_prompts(tokenizer, fmt: str, questions: list[Question], system_prompt=None):
+    """The verification prompts of every (question, distinct answer): seqs (int64 arrays, each distinct
+    prompt once) and, per question, int [K] indexing seqs for its MC2 choices and int [1 + I] for its MC1
+    choices."""
+    index: dict[tuple, int] = {}
+    seqs, mc1_idx, mc2_idx = [], [], []
+    for q in tqdm(questions, desc="tokenize", unit="question", leave=False):
+        where = {}
+        for answer in dict.fromkeys(q.mc1_choices + q.mc2_choices):
+            ids = encode(tokenizer, fmt, verify_text(fmt, q.question, answer, tokenizer, system_prompt))
+            where[answer] = index.setdefault(tuple(ids.tolist()), len(seqs))
+            if where[answer] == len(seqs):
+                seqs.append(ids)
+        mc1_idx.append(np.array([where[c] for c in q.mc1_choices]))
+        mc2_idx.append(np.array([where[c] for c in q.mc2_choices]))
+    return seqs, mc1_idx, mc2_idx
+
+
+def score_yes_no(loaded, seqs: list[np.ndarray], ids: dict, cfg: DictConfig, final: Path, signature: dict,
+                 desc: str, on_batch=None):
+    """P(yes) float [N] of each prompt (next-token yes vs no mass) through extract.scorer, checkpointed
+    beside `final`; returns (p_yes, Scored)."""
+    checkpoint = Checkpoint(partial_path(final), {**signature, "yes_ids": ids["yes"], "no_ids": ids["no"]},
+                            cfg.save_every, atomic_write)
+    scored = score(loaded, seqs, NextTokenMass(loaded.model, [ids["yes"], ids["no"]]), cfg.batch_size, longest_first=True,
+                   prefix_cache=cfg.prefix_cache, checkpoint=checkpoint, desc=desc, on_batch=on_batch)
+    return p_yes(scored.results), scored
+
+
+def run_verify(cfg: DictConfig, on_batch=None) -> Path:
+    """mode=verify: P(yes) of every (question, answer) -> MC1_verify / MC2_verify (module docstring)."""
+    fmt = cfg.format
+    questions = select_questions(cfg)
+    final = result_path(cfg)
+    loaded = load_model(cfg.model)
+    started = time.perf_counter()
+    ids = yes_no_ids(loaded.tokenizer)
+    seqs, mc1_idx, mc2_idx = distinct_prompts(loaded.tokenizer, fmt, questions, loaded.system_prompt)
+    p, scored = score_yes_no(loaded, seqs, ids, cfg, final, {"mode": "verify", "format": fmt}, f"verify {fmt}",
+                             on_batch)
+    labels = [q.mc2_labels for q in questions]
+    mc2_p = [p[i] for i in mc2_idx]
+    mc1 = np.array([mc1_credit(p[i], ties="expected") for i in mc1_idx])
+    mc2 = mc2_verify(mc2_p, labels)
+    flat_p, flat_y = np.concatenate(mc2_p), np.concatenate(labels)
+    result = {
+        "mode": "verify", "format": fmt, "prompt": prompt_record(fmt, loaded.tokenizer, loaded.system_prompt, ids),
+        "n_questions": len(questions), "n_prompts": len(seqs),
+        "mc1_verify": float(mc1.mean()), "mc1_verify_ci": question_ci(mc1, cfg.n_boot, cfg.seed),
+        "mc1_verify_ties": int(((mc1 > 0) & (mc1 < 1)).sum()),
+        "mc2_verify": float(mc2.mean()), "mc2_verify_ci": question_ci(mc2, cfg.n_boot, cfg.seed),
+        "p_yes_correct": float(flat_p[flat_y == 1].mean()), "p_yes_incorrect": float(flat_p[flat_y == 0].mean()),
+        "model_id": loaded.model_id, "model_label": loaded.label, "model_fingerprint": loaded.fingerprint,
+        "machine": machine(loaded), "seconds": time.perf_counter() - started,
+        "resumed_after_requests": scored.resumed_after,
+        "questions": [{"row": q.row, "p_yes": a.tolist(), "mc2_labels": y, "mc1_p_yes": p[i].tolist()}
+                      for q, a, y, i in zip(questions, mc2_p, labels, mc1_idx)],
+    }
+    write_record(final, result, OmegaConf.to_container(cfg, resolve=True), indent=1)
+    partial_path(final).unlink(missing_ok=True)
+    print(f"TruthfulQA verify {fmt} ({loaded.label}, {len(questions)} questions): "
+          f"MC1 {result['mc1_verify']:.4f} [{result['mc1_verify_ci'][0]:.4f}, {result['mc1_verify_ci'][1]:.4f}]  "
+          f"MC2_verify {result['mc2_verify']:+.4f} [{result['mc2_verify_ci'][0]:+.4f}, "
+          f"{result['mc2_verify_ci'][1]:+.4f}]  -> {final}")
     return final
