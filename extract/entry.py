@@ -21,7 +21,7 @@ COMMANDS = {   # truthprobe <command> -> the module `python -m` runs, and what i
     "train-probe": ("train_probe", "fit probes on a store's layers -> result cells and saved probes"),
     "apply-probe": ("apply_probe", "a saved probe on another datapack (transfer cell) or on your text"),
     "zero-shot": ("zero_shot", "the paper's prompting baseline -> result cells"),
-    "truthfulqa": ("truthfulqa", "TruthfulQA MC1 / MC2 from log-likelihoods (lm-evaluation-harness's)"),
+    "truthfulqa": ("truthfulqa", "TruthfulQA: likelihood MC1 / MC2 (the harness's), verification, generation judged"),
     "ncb": ("ncb", "belief robustness: neighbourhood consistency and stress contexts"),
     "report": ("experiments.report", "per-layer tables and figures from result cells"),
     "transfer": ("experiments.transfer", "transfer matrix of the best probes across datapacks"),
