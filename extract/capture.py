@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from extract.models import ModelError, decoder_layers
+from extract.padded_forward import PaddedForward
+from extract.scorer import common_prefix_length
 from extract.store import KIND_CONTEXT, KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE
 
 _SLOT = "\ue000truthprobe-statement\ue001"  # stands for the statement while the template is rendered
@@ -68,6 +70,26 @@ def _around(tokenizer, system_prompt: str | None) -> list[str]:
     return _chat(tokenizer, _SLOT, system_prompt).split(_SLOT)
 
 
+@dataclass
+class Inputs:
+    """The rendered inputs of a run, split after the prefix they all share (P tokens, 0 for none)."""
+    prefix_ids: np.ndarray      # int64 [P]
+    prefix_kinds: np.ndarray    # int8 [P]
+    ids: list[np.ndarray]       # per statement: int64 [n_i - P], its input after the prefix
+    kinds: list[np.ndarray]     # per statement: int8 [n_i - P]
+
+    p = property(lambda self: len(self.prefix_ids))
+    n_rows = property(lambda self: self.p + sum(len(t) for t in self.ids))          # token rows stored
+    n_tokens = property(lambda self: self.p * len(self.ids) + sum(len(t) for t in self.ids))  # tokens read
+
+
+def split_prefix(ids: list[np.ndarray], kinds: list[np.ndarray], shared: bool = True) -> Inputs:
+    """Whole inputs (ids int64 [n_i], kinds int8 [n_i] per statement) split after the longest prefix of
+    ids and kinds they all share (`shared`; none for a single input), leaving each at least one token."""
+    p = min(common_prefix_length(ids, 1), common_prefix_length(kinds, 1)) if shared and len(ids) > 1 else 0
+    return Inputs(ids[0][:p], kinds[0][:p], [i[p:] for i in ids], [k[p:] for k in kinds])
+
+
 def plan_windows(offsets: np.ndarray, window_tokens: int, start: int = 0) -> list[tuple[int, int]]:
     """Consecutive statement ranges [a, b), each at most `window_tokens` tokens (at least one
     statement), planned from statement 0 so that a resumed run forms the same windows (and hence
@@ -116,17 +138,25 @@ class BatchOutput:
 class LayerCapture:
     """Forward hooks that keep the real tokens of the requested layers of the running batch.
 
-    Usage: `with LayerCapture(model, layers, out_dtype) as cap: out = cap.run(batch_ids)`.
-    On CUDA the gathered states are copied to pinned host memory on a side stream, so the copy of
-    one batch overlaps the forward pass of the next; `BatchOutput.wait()` returns them.
+    Usage: `with LayerCapture(model, layers, out_dtype, prefix=ids) as cap: out = cap.run(tails)`.
+    With a `prefix` (int ids [P], shared by every input) entering runs it once through
+    extract.padded_forward.PaddedForward: `prefix_states[k]` is its layer k [P, d] (out_dtype, on the
+    host), its key/value cache is extended by every batch, and `run` takes each input's tail (the
+    ids after the prefix). On CUDA the gathered states are copied to pinned host memory on a side
+    stream, so the copy of one batch overlaps the forward pass of the next; `BatchOutput.wait()`
+    returns them.
     """
 
-    def __init__(self, model: nn.Module, layers: list[int], out_dtype: torch.dtype, pad_id: int = 0):
+    def __init__(self, model: nn.Module, layers: list[int], out_dtype: torch.dtype, pad_id: int = 0,
+                 prefix: np.ndarray | None = None):
         self.model, self.layers, self.out_dtype, self.pad_id = model, sorted(layers), out_dtype, pad_id
+        self.prefix = None if prefix is None or len(prefix) == 0 else np.asarray(prefix, dtype=np.int64)
         self.blocks = decoder_layers(model)
         self.device = next(model.parameters()).device
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._handles, self._captured, self._index = [], {}, None
+        self._handles, self._captured, self._index, self._stop = [], {}, None, True
+        self.forward: PaddedForward | None = None
+        self.prefix_states: dict[int, torch.Tensor] = {}
 
     def __enter__(self):
         if 0 in self.layers:
@@ -134,6 +164,16 @@ class LayerCapture:
         for k in self.layers:
             if k > 0:
                 self._handles.append(self.blocks[k - 1].register_forward_hook(self._make_hook(k)))
+        try:
+            self._index, self._captured, self._stop = None, {}, False  # the prefix: every token, every block
+            self.forward = PaddedForward(self.model, self.pad_id, self.device, self.prefix, stop=_StopForward)
+            if self.prefix is not None:
+                self.prefix_states = self._to_host(self._captured).wait()
+        except BaseException:
+            self.__exit__()
+            raise
+        finally:
+            self._stop = True
         return self
 
     def __exit__(self, *exc):
@@ -142,9 +182,12 @@ class LayerCapture:
         self._handles = []
 
     def _keep(self, k: int, hidden: torch.Tensor) -> None:
-        flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._index.to(hidden.device))
+        """hidden [B, W, d] -> its real tokens [n, d] (every token when no index is set)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        if self._index is not None:
+            flat = flat.index_select(0, self._index.to(hidden.device))
         self._captured[k] = flat.to(self.out_dtype)
-        if k == self.layers[-1]:
+        if k == self.layers[-1] and self._stop:
             raise _StopForward
 
     def _pre_hook(self, module, args, kwargs):
@@ -155,22 +198,14 @@ class LayerCapture:
             self._keep(k, output[0] if isinstance(output, tuple) else output)
         return hook
 
-    @torch.inference_mode()
-    def run(self, batch_ids: list[np.ndarray]) -> BatchOutput:
-        """One forward pass over a right-padded batch -> the real tokens of every requested layer."""
-        lengths = torch.tensor([len(x) for x in batch_ids])
-        width = int(lengths.max())
-        ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
-        for row, x in enumerate(batch_ids):
-            ids[row, : len(x)] = torch.from_numpy(x)
-        mask = torch.arange(width)[None, :] < lengths[:, None]
+    def run(self, tails: list[np.ndarray]) -> BatchOutput:
+        """One forward pass over a right-padded batch of tails (whole inputs without a prefix) -> the
+        real tokens of every requested layer, [sum of tail lengths, d] each."""
+        lengths = torch.tensor([len(x) for x in tails])
+        mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
         self._index = torch.nonzero(mask.reshape(-1)).squeeze(1).to(self.device, non_blocking=True)
         self._captured = {}
-        try:
-            self.model(input_ids=ids.to(self.device, non_blocking=True),
-                       attention_mask=mask.long().to(self.device, non_blocking=True), use_cache=False)
-        except _StopForward:
-            pass
+        self.forward.run(tails)
         return self._to_host(self._captured)
 
     def _to_host(self, captured: dict[int, torch.Tensor]) -> BatchOutput:

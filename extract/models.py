@@ -122,12 +122,59 @@ def load_model(cfg) -> LoadedModel:
     if cfg.get("device_map") is None:
         model = model.to(device)
     model.eval()
+    return LoadedModel(model, tokenizer, model_id, fingerprint, _use_chat(cfg, tokenizer, model_id),
+                       cfg.get("system_prompt"), device, checkpoint, quantisation)
+
+
+@dataclass
+class ModelSpec:
+    """What a plan needs of a model, read from its config and tokenizer only (no weights)."""
+    tokenizer: object
+    model_id: str
+    use_chat_template: bool
+    system_prompt: str | None
+    n_layers: int
+    hidden_size: int
+    max_positions: int | None
+
+
+def load_spec(cfg) -> ModelSpec:
+    """The `model:` config's tokenizer, template use and sizes, without loading its weights (a GGUF
+    file's are not converted either: its tokenizer and config are read from the file)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if cfg.source == "tiny":
+        config, tokenizer = _tiny_parts(cfg)
+        model_id = _tiny_id(cfg)
+    elif cfg.source in ("gguf_package", "gguf_parts"):
+        gguf = _packaged_gguf(cfg)
+        model_id = f"{cfg.package}/{gguf.name}"
+        converted = CACHE_DIR / "hf" / f"{gguf.stem}-{_sha256(gguf)[:16]}"
+        where = {"pretrained_model_name_or_path": str(converted)} if (converted / "config.json").is_file() else \
+            {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}
+        config, tokenizer = AutoConfig.from_pretrained(**where), AutoTokenizer.from_pretrained(**where)
+    elif cfg.source == "hub":
+        model_id = cfg.name_or_path
+        try:
+            config, tokenizer = AutoConfig.from_pretrained(model_id), AutoTokenizer.from_pretrained(model_id)
+        except OSError as err:
+            raise ModelError(f"cannot load the config and tokenizer of {model_id!r} ({str(err).strip().splitlines()[0]}); "
+                             "give a hub id this machine can reach or a local directory with model.name_or_path=...") from None
+    else:
+        raise ModelError(f"unknown model.source {cfg.source!r}: use hub, gguf_package, gguf_parts or tiny")
+    config = getattr(config, "text_config", config)
+    return ModelSpec(tokenizer, model_id, _use_chat(cfg, tokenizer, model_id), cfg.get("system_prompt"),
+                     int(config.num_hidden_layers), int(config.hidden_size),
+                     getattr(config, "max_position_embeddings", None))
+
+
+def _use_chat(cfg, tokenizer, model_id: str) -> bool:
+    """model.chat_template: auto (= model.instruct), true or false; a template the tokenizer lacks is refused."""
     chat = cfg.get("chat_template", "auto")
     use_chat = bool(cfg.get("instruct", False)) if chat == "auto" else bool(chat)
     if use_chat and not getattr(tokenizer, "chat_template", None):
         raise ModelError(f"{model_id} has no chat template: set model.chat_template=false")
-    return LoadedModel(model, tokenizer, model_id, fingerprint, use_chat, cfg.get("system_prompt"), device,
-                       checkpoint, quantisation)
+    return use_chat
 
 
 def gguf_checkpoint(file_name: str) -> tuple[str, str]:
@@ -236,8 +283,27 @@ def _converted_gguf(gguf: Path, fingerprint: str) -> Path:
 
 def _tiny(cfg):
     """A tiny random Llama (weights from cfg.seed) with a byte-level tokenizer and a chat template."""
+    from transformers import LlamaForCausalLM
+
+    config, tokenizer = _tiny_parts(cfg)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(config)
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return model, tokenizer, _tiny_id(cfg), digest.hexdigest()
+
+
+def _tiny_id(cfg) -> str:
+    spec = {"hidden_size": cfg.hidden_size, "n_layers": cfg.n_layers, "seed": cfg.seed}
+    return f"tiny-llama({spec})"
+
+
+def _tiny_parts(cfg):
+    """The tiny Llama's config and its byte-level tokenizer with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
     byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
     specials = ["<s>", "</s>", "<pad>", "<|user|>", "<|system|>", "<|end|>"]
@@ -254,14 +320,7 @@ def _tiny(cfg):
                          intermediate_size=2 * cfg.hidden_size, num_hidden_layers=cfg.n_layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=0, eos_token_id=1, pad_token_id=2)
-    torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(config)
-    spec = {"hidden_size": cfg.hidden_size, "n_layers": cfg.n_layers, "seed": cfg.seed}
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return model, tokenizer, f"tiny-llama({spec})", digest.hexdigest()
+    return config, tokenizer
 
 
 def _sha256(path: Path) -> str:

@@ -30,7 +30,9 @@ ComputeDtype = Enum("ComputeDtype", {k: k for k in ("float32", "bfloat16", "floa
 ModelSource = Enum("ModelSource", {k: k for k in ("hub", "gguf_package", "gguf_parts", "tiny")})
 DataSource = Enum("DataSource", {k: k for k in ("csv", "hf")})
 _HINTS = {"limit": "a whole number >= 1, or null for every statement", "batch_tokens": "a whole number >= 1",
-          "window_mb": "a whole number >= 1", "overwrite": "true or false", "model.seed": "a whole number",
+          "window_mb": "a whole number >= 1", "overwrite": "true or false",
+          "prefix_cache": "true or false", "dry_run": "true or false", "shards": "a whole number >= 1",
+          "shard": "a whole number 0..shards-1, or null", "tokens_per_s": "a number > 0, or null", "model.seed": "a whole number",
           "model.hidden_size": "a whole number", "model.n_layers": "a whole number", "model.instruct": "true or false"}
 _MISSING_HINTS = {"data.name": "the store's file name, e.g. data.name=mine",
                   "data.path": "the CSV file, e.g. data.path=my.csv"}
@@ -106,6 +108,15 @@ class ExtractSchema:
     batch_tokens: int = option(4096, "padded tokens per forward pass (batch size x longest statement)")
     window_tokens: Any = option("auto", "tokens per write (the unit of resumption); auto: as many as fit window_mb")
     window_mb: int = option(512, "buffer memory per window (up to three windows are held at once)")
+    prefix_cache: bool = option(True, "run the token prefix every input shares once (its key/value cache reused) and "
+                                "store it once (schema 2); false: every input whole (schema 1)")
+    dry_run: bool = option(False, "print the plan (statements, tokens, bytes, free disk, time) from the config and "
+                           "tokenizer alone, and refuse one the disk cannot hold; nothing is written")
+    tokens_per_s: Optional[float] = option(None, "dry_run's time estimate: forward tokens per second (null: the figure "
+                                           "measured for this model and device, extract.plan)")
+    shards: int = option(1, "split the datapack into N label-stratified slices (one store each, extract.shards); "
+                         "without shard=: merge the N finished shards into the datapack's store")
+    shard: Optional[int] = option(None, "the slice this job extracts, 0..shards-1 (-m shard='range(N)' runs them all)")
     threads: Any = threads_option()
 
 
@@ -115,6 +126,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     check_count(checked["limit"], "limit", none_ok=True)
     check_count(checked["batch_tokens"], "batch_tokens")
     check_count(checked["window_mb"], "window_mb")
+    if checked["tokens_per_s"] is not None and not checked["tokens_per_s"] > 0:
+        raise ToolkitError(f"tokens_per_s={checked['tokens_per_s']}: give a number > 0, or null")
+    check_count(checked["shards"], "shards")
+    if checked["shard"] is not None and not 0 <= checked["shard"] < checked["shards"]:
+        raise ToolkitError(f"shard={checked['shard']} is outside 0..{checked['shards'] - 1} for shards="
+                           f"{checked['shards']}: give shards=N (N >= 2) and shard=0..N-1")
     if checked["window_tokens"] != "auto":
         check_count(checked["window_tokens"], "window_tokens")
     if checked["model"]["chat_template"] not in ("auto", True, False):

@@ -1,6 +1,6 @@
 """The activation store: one HDF5 file per (model, datapack). The only module that knows its layout.
 
-Layout (schema_version 1; readable with plain h5py, see README "Store layout"):
+Layout (schema_version 1, or 2 with a shared prefix; readable with plain h5py, see docs/store.md):
 
     /                       attributes: schema_version, model_id, model_fingerprint, tokenizer_id,
                             tokenizer_fingerprint, compute_dtype, n_layers (L), hidden_size, dtype,
@@ -21,6 +21,17 @@ Layout (schema_version 1; readable with plain h5py, see README "Store layout"):
     /tokens/kind            int8   [T]   0 = special token, 1 = chat-template text, 2 = statement text,
                                          3 = context text
     /layers/<k>             [T, hidden] float16 | float32 | uint16 (bfloat16 bits, attr dtype)
+
+Schema 2 stores the token prefix every statement's input starts with (the chat template's system
+turn and user-turn opening) once: attribute prefix_len = P, and
+
+    /prefix/ids             int64  [P]
+    /prefix/kind            int8   [P]
+    /prefix/layers/<k>      [P, hidden]  as /layers/<k>
+
+while /tokens/* and /layers/<k> hold each statement's own rows (its input after the prefix), and
+n_tokens counts the tokens of the whole inputs (N x P more than the rows stored). Statement i's
+sequence is the prefix's rows followed by its own: the readers below show every store as schema 1.
 
 Layer k: 0 = embedding output, 1..L = residual stream after decoder block k (no final norm).
 Rows are in datapack order. `n_done` counts statements, in datapack order, whose rows of every
@@ -46,7 +57,8 @@ from extract.errors import ToolkitError, check_name
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2          # written when a shared prefix is stored; schema 1 otherwise
+READABLE_SCHEMAS = (1, 2)
 TOOLKIT_VERSION = "0.1.0"
 KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT, KIND_CONTEXT = 0, 1, 2, 3
 STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
@@ -87,9 +99,18 @@ def select_layers(spec, n_layers: int, stored: list[int] | None = None, option: 
     return sorted(set(values))
 
 
-def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype: str) -> int:
-    """Bytes the store will take on disk: its layers and token arrays (statement text excluded)."""
-    return n_tokens * (n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize + 9)
+def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype: str,
+                   table: pd.DataFrame | None = None) -> int:
+    """Bytes the store will take on disk, for `n_tokens` token rows stored (a shared prefix counted
+    once): its layers and token arrays, and with `table` its statements (HDF5's own bookkeeping, a
+    few kB, excluded)."""
+    rows = n_tokens * (n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize + 9)
+    if table is None:
+        return rows
+    text = table.rename(columns={"statement": "text"})
+    strings = sum(int(text[c].astype(str).str.encode("utf-8").str.len().add(7).floordiv(8).mul(8).sum()) + 32 * len(text)
+                  for c in _TEXT_COLUMNS if c in text)     # variable-length strings: 16-byte slot + heap object
+    return rows + strings + len(table) * (8 + 1 + 1 + 8)   # + source_row, label, negation, offsets
 
 
 def build_store(path: Path, need: int, *args, replace: bool = False) -> None:
@@ -122,22 +143,34 @@ def build_store(path: Path, need: int, *args, replace: bool = False) -> None:
 
 
 def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], token_kinds: list[np.ndarray],
-                 layers: list[int], hidden_size: int, dtype: str, attrs: dict) -> None:
+                 layers: list[int], hidden_size: int, dtype: str, attrs: dict,
+                 prefix: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """Write a new store with all metadata and tokens, and allocate (not fill) every layer.
 
-    token_ids / token_kinds: one int array per statement, in table order.
+    token_ids / token_kinds: one int array per statement, in table order (after the prefix, if any).
     attrs: file attributes (model_id, model_fingerprint, n_layers, ...); n_done starts at 0.
+    prefix: the shared prefix's ids int64 [P] and kinds int8 [P] (P >= 1): a schema-2 store whose
+    prefix layers [P, hidden] are allocated too (StoreWriter.write_prefix fills them).
     """
     offsets = np.zeros(len(table) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in token_ids], out=offsets[1:])
-    n_tokens = int(offsets[-1])
+    n_rows = int(offsets[-1])
+    p = 0 if prefix is None else len(prefix[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w") as f:
         f.attrs.update({k: _attr(v) for k, v in attrs.items()})
-        f.attrs.update(schema_version=SCHEMA_VERSION, toolkit_version=TOOLKIT_VERSION,
+        f.attrs.update(schema_version=SCHEMA_VERSION if p else 1, toolkit_version=TOOLKIT_VERSION,
                        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hidden_size=hidden_size,
                        dtype=dtype, layers=np.asarray(layers, dtype=np.int64),
-                       n_statements=len(table), n_tokens=n_tokens, n_done=0)
+                       n_statements=len(table), n_tokens=n_rows + p * len(table), n_done=0)
+        if p:
+            f.attrs["prefix_len"] = p
+            g = f.create_group("prefix")
+            g.create_dataset("ids", data=np.asarray(prefix[0], dtype=np.int64))
+            g.create_dataset("kind", data=np.asarray(prefix[1], dtype=np.int8))
+            pl = g.create_group("layers")
+            for k in layers:
+                _allocate_layer(pl, str(k), p, hidden_size, dtype)
         s = f.create_group("statements")
         text = table.rename(columns={"statement": "text"})
         for col in _TEXT_COLUMNS:
@@ -153,7 +186,7 @@ def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], t
         t.create_dataset("kind", data=np.concatenate(token_kinds).astype(np.int8))
         g = f.create_group("layers")
         for k in layers:
-            _allocate_layer(g, str(k), n_tokens, hidden_size, dtype)
+            _allocate_layer(g, str(k), n_rows, hidden_size, dtype)
 
 
 def _allocate_layer(group: h5py.Group, name: str, n_tokens: int, hidden_size: int, dtype: str) -> None:
@@ -201,13 +234,16 @@ _OPTIONAL_KEYS = ("compute_dtype", "tokenizer_fingerprint")
 
 
 def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
-                     token_ids: list[np.ndarray]) -> None:
+                     token_ids: list[np.ndarray], prefix_ids: np.ndarray | None = None) -> None:
     """Refuse to resume into a store made for another model (weights, compute dtype, tokenizer,
-    template), datapack, dtype, layers or input."""
+    template), datapack, dtype, layers, input or shared prefix (`prefix_ids` [P]: what
+    `token_ids`, each statement's ids after it, follow; None: a schema-1 store)."""
+    p = 0 if prefix_ids is None else len(prefix_ids)
     with open_store(path, writer=True) as f:
         have = {k: _plain(v) for k, v in f.attrs.items()}
         try:
             stored_ids = f["tokens/ids"][:]
+            stored_prefix = f["prefix/ids"][:] if "prefix" in f else np.zeros(0, dtype=np.int64)
         except KeyError:
             raise StoreError(f"{path} is damaged (no tokens/ids); rerun with overwrite=true") from None
     wanted = {"model_fingerprint": attrs["model_fingerprint"], "compute_dtype": attrs["compute_dtype"],
@@ -222,10 +258,16 @@ def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
                      else "other values")
             raise StoreError(f"{path} was made with {key}={shown}: rerun with overwrite=true to replace it "
                              "(or choose another store_dir=)")
+    if bool(have.get("prefix_len", 0)) != bool(p):   # the other layout (another prefix: other token ids, below)
+        made = (f"with a shared prefix of {have.get('prefix_len')} tokens (schema 2)" if have.get("prefix_len")
+                else "without a shared prefix (schema 1)")
+        raise StoreError(f"{path} was made {made}: rerun with prefix_cache={str(not p).lower()} to resume it, or "
+                         "overwrite=true to replace it")
     if list(have["layers"]) != list(layers):
         raise StoreError(f"{path} holds layers {[int(k) for k in have['layers']]}, not {layers}: "
                          "rerun with overwrite=true to replace it")
-    if not np.array_equal(stored_ids, np.concatenate(token_ids)):
+    if not (np.array_equal(stored_ids, np.concatenate(token_ids))
+            and np.array_equal(stored_prefix, np.zeros(0) if prefix_ids is None else prefix_ids)):
         raise StoreError(f"{path} holds other token ids (statements or tokenizer changed): "
                          "rerun with overwrite=true to replace it")
 
@@ -242,6 +284,7 @@ class StoreWriter:
         self.offsets = self.file["tokens/offsets"][:]
         self.dtype = self.file.attrs["dtype"]
         self.layers = {int(k): ds for k, ds in self.file["layers"].items()}
+        self.prefix_layers = {int(k): ds for k, ds in self.file["prefix/layers"].items()} if "prefix" in self.file else {}
         self._fd = self.file.id.get_vfd_handle()
         self.n_done = int(self.file.attrs["n_done"])
 
@@ -254,24 +297,41 @@ class StoreWriter:
         if start != self.n_done:
             raise StoreError(f"write of statements {start}.. out of order (store has {self.n_done} done)")
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        self._write(self.layers, lo, hi, rows, start)
         try:
-            for k, x in rows.items():
-                self.layers[k][lo:hi] = x
-            self.file.flush()
-            os.fsync(self._fd)
-            self._read_back(lo, hi, rows)
             self.file.attrs.modify("n_done", stop)  # in place: no new metadata space needed
             self.file.flush()
             os.fsync(self._fd)
         except OSError as err:
-            raise StoreError(f"writing {self.path} failed ({os_reason(err)}) at statement {start}: fix the disk "
-                             f"(free space), then rerun the same command to resume from statement {start}") from None
+            raise self._failed(err, start) from None
         self.n_done = stop
 
-    def _read_back(self, lo: int, hi: int, rows: dict[int, np.ndarray]) -> None:
+    def write_prefix(self, rows: dict[int, np.ndarray]) -> None:
+        """Store the shared prefix's rows (rows[k]: [P, hidden], stored representation), before the first
+        window: written, fsynced and read back (n_done == 0 until a window follows)."""
+        if self.n_done:
+            raise StoreError(f"the prefix of {self.path} is written before any statement (store has {self.n_done} done)")
+        self._write(self.prefix_layers, 0, len(next(iter(rows.values()))), rows, 0)
+
+    def _write(self, datasets: dict, lo: int, hi: int, rows: dict[int, np.ndarray], start: int) -> None:
+        """Rows lo..hi-1 of every layer's dataset, written, fsynced and read back."""
+        try:
+            for k, x in rows.items():
+                datasets[k][lo:hi] = x
+            self.file.flush()
+            os.fsync(self._fd)
+            self._read_back(datasets, lo, hi, rows)
+        except OSError as err:
+            raise self._failed(err, start) from None
+
+    def _failed(self, err: OSError, start: int) -> StoreError:
+        return StoreError(f"writing {self.path} failed ({os_reason(err)}) at statement {start}: fix the disk "
+                          f"(free space), then rerun the same command to resume from statement {start}")
+
+    def _read_back(self, datasets: dict, lo: int, hi: int, rows: dict[int, np.ndarray]) -> None:
         """Read one row of every chunk the window touched (and its last row) back from the file."""
         for k, x in rows.items():
-            ds = self.layers[k]
+            ds = datasets[k]
             picks = np.unique(np.append(np.arange(0, hi - lo, ds.chunks[0]), hi - lo - 1))
             if not np.array_equal(ds[lo + picks].view(np.uint8), x[picks].view(np.uint8)):
                 raise StoreError(f"{self.path}: layer {k} rows {lo}..{hi - 1} read back differ from what was "
@@ -303,10 +363,15 @@ def from_stored(x: np.ndarray, dtype: str) -> np.ndarray:
 class ActivationStore:
     """Read-only view of a complete store. Each call reads only the layer it is asked for.
 
+    Every schema reads as schema 1: `offsets` [N+1], `token_ids` / `token_kind` [T] and `layer(k)`
+    [T, d] hold each statement's whole input, a schema-2 store's shared prefix repeated in each.
+
     >>> store = ActivationStore("activations/smollm2/city_locations.h5")
     >>> X, offsets = store.bags(16)          # X [T', d] statement tokens, offsets [N+1]
     >>> last = store.last_token(16)          # [N, d]
     """
+
+    prefix_len = 0   # tokens of the shared prefix (schema 2)
 
     def __init__(self, path: str | Path, allow_incomplete: bool = False):
         self.path = Path(path)
@@ -315,14 +380,17 @@ class ActivationStore:
                              "(or point store_dir= at the folder that holds it)")
         self.file = open_store(self.path)
         self.attrs = {k: _plain(v) for k, v in self.file.attrs.items()}
-        if self.attrs.get("schema_version") != SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema_version {self.attrs.get('schema_version')} is not "
-                             f"{SCHEMA_VERSION}; re-extract it with this version (overwrite=true)")
+        if self.attrs.get("schema_version") not in READABLE_SCHEMAS:
+            raise StoreError(f"{self.path}: schema_version {self.attrs.get('schema_version')} is not one of "
+                             f"{list(READABLE_SCHEMAS)}; re-extract it with this version (overwrite=true)")
         if not allow_incomplete and self.n_done < self.n_statements:
             raise StoreError(f"{self.path} is incomplete ({self.n_done}/{self.n_statements} statements): "
                              "rerun the same `python -m extract` command to finish it")
-        self.offsets = self.file["tokens/offsets"][:]
-        self.token_kind = self.file["tokens/kind"][:]
+        self.prefix_len = int(self.attrs.get("prefix_len", 0))
+        self._own_offsets = self.file["tokens/offsets"][:]           # [N+1] into the stored rows
+        self.offsets = self._own_offsets + self.prefix_len * np.arange(len(self._own_offsets))
+        self.token_kind = self._with_prefix(self.file["tokens/kind"][:], "prefix/kind")
+        self._source = None
 
     n_statements = property(lambda self: int(self.attrs["n_statements"]))
     n_done = property(lambda self: int(self.attrs["n_done"]))
@@ -333,7 +401,25 @@ class ActivationStore:
     @property
     def token_ids(self) -> np.ndarray:
         """int64 [T]."""
-        return self.file["tokens/ids"][:]
+        return self._with_prefix(self.file["tokens/ids"][:], "prefix/ids")
+
+    def _with_prefix(self, own: np.ndarray, prefix_name: str) -> np.ndarray:
+        """Per-token values of the stored rows [T'] -> of every statement's whole input [T]: the prefix's
+        values (dataset `prefix_name`, [P]) inserted before each statement's own."""
+        if not self.prefix_len:
+            return own
+        n = len(self._own_offsets) - 1
+        return np.insert(own, np.repeat(self._own_offsets[:-1], self.prefix_len), np.tile(self.file[prefix_name][:], n))
+
+    def source_rows(self) -> np.ndarray:
+        """int64 [T]: where each token row is stored, in the prefix's rows followed by the statements'
+        own (row r < P: prefix row r; else own row r - P)."""
+        if self._source is None:
+            p = self.prefix_len
+            own = np.arange(int(self._own_offsets[-1]), dtype=np.int64) + p
+            self._source = own if not p else np.insert(
+                own, np.repeat(self._own_offsets[:-1], p), np.tile(np.arange(p, dtype=np.int64), len(self._own_offsets) - 1))
+        return self._source
 
     @property
     def table(self) -> pd.DataFrame:
@@ -348,14 +434,28 @@ class ActivationStore:
     def layer(self, k: int, rows: np.ndarray | None = None) -> np.ndarray:
         """Token rows of layer k as float32: all of them [T, d], or `rows` (bool [T] or int [M]).
 
-        The whole layer is read in one contiguous pass (faster than scattered HDF5 reads); rows are
+        The layer is read in one contiguous pass (faster than scattered HDF5 reads); rows are
         selected before the conversion to float32."""
         if k not in self.layers:
             raise StoreError(f"layer {k} is not in {self.path} (stored layers: "
                              f"{_ranges(self.layers)}; the model has layers 0..{self.n_layers})")
-        ds = self.file["layers"][str(k)]
-        stored = ds[:]
-        return from_stored(stored if rows is None else stored[rows], ds.attrs["dtype"])
+        return from_stored(self.stored_layer(k, rows), self.file["layers"][str(k)].attrs["dtype"])
+
+    def stored_layer(self, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """`layer(k, rows)` in the stored representation (float16, float32, or uint16 bfloat16 bits),
+        reading only the span of stored rows that `rows` covers, in one contiguous pass."""
+        ds, p = self.file["layers"][str(k)], self.prefix_len
+        if rows is None and not p:
+            return ds[:]
+        source = self.source_rows() if rows is None else self.source_rows()[rows]   # int [M]
+        own = source >= p
+        index = source[own] - p                       # into the stored rows
+        lo, hi = (0, ds.shape[0]) if rows is None else (int(index.min()), int(index.max()) + 1) if index.size else (0, 0)
+        picked = np.empty((len(source), ds.shape[1]), dtype=ds.dtype)
+        picked[own] = ds[lo:hi][index - lo]
+        if not own.all():     # rows of the shared prefix (schema 2)
+            picked[~own] = self.file["prefix/layers"][str(k)][:][source[~own]]
+        return picked
 
     def token_mask(self, kinds: tuple[int, ...] = (KIND_STATEMENT,)) -> np.ndarray:
         """bool [T]: tokens whose kind is in `kinds`."""

@@ -127,7 +127,9 @@ def test_on_the_fly_vectors_equal_the_stores(dirs):
             for tokens in TOKEN_KINDS:
                 a = layer_features(store, LAYER, representation, tokens).subset(np.arange(12))
                 b = layer_features(memory, LAYER, representation, tokens)
-                np.testing.assert_allclose(b.X.numpy(), a.X.numpy(), atol=1e-6, rtol=0)
+                # the store computed the template's shared prefix once (its key/value cache extended per
+                # batch): the same vectors to the stored float16's rounding (one ulp, 2^-10 relative)
+                np.testing.assert_allclose(b.X.numpy(), a.X.numpy(), atol=1e-6, rtol=2 ** -10)
                 if representation == "bags":
                     assert b.offsets.tolist() == a.offsets.tolist()
 

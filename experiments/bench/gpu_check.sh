@@ -2,8 +2,10 @@
 # GPU check (one command, under 8 minutes on one GPU; CPU CI never runs it):
 #   bash experiments/bench/gpu_check.sh [n_statements]        (default 2000; DEVICE=cpu for a dry run)
 # 1. extraction of SmolLM2 city_locations on CUDA in bfloat16, every layer (hooks, pinned-memory
-#    side-stream copies), timed, and its stored states checked against a plain single-statement
-#    forward with output_hidden_states=True;
+#    side-stream copies, the shared prefix run once from its key/value cache and stored once), timed,
+#    and its stored states checked against a plain single-statement forward with
+#    output_hidden_states=True; then the same extraction without the shared prefix (prefix_cache=false,
+#    schema 1), timed, its store's bytes and every layer of every statement compared with the first;
 # 2. the linear probe (batched CV) and sAwMIL fitted on CUDA on that store, timed: one sAwMIL fit and its
 #    C by grouped CV (3 folds x 3 C + the final fit, one head), then one fit on synthetic bags of
 #    Llama-3.1-8B width (d = 4096, 2929 bags: the city_locations training split's size).
@@ -21,7 +23,31 @@ trap 'rm -rf "$WORK"' EXIT
 SECONDS=0
 "$PY" -m extract model=smollm2 data=city_locations limit="$N" model.device="$DEVICE" model.dtype=bfloat16 \
     dtype=bfloat16 store_dir="$WORK" hydra.run.dir="$WORK/logs" 2>&1 | tr '\r' '\n' | grep -v "stmt/s" | tail -2
-echo "extract: $N statements, every layer, bfloat16 on $DEVICE: ${SECONDS} s (model load included)"
+echo "extract: $N statements, every layer, bfloat16 on $DEVICE, shared prefix: ${SECONDS} s (model load included)"
+SECONDS=0
+"$PY" -m extract model=smollm2 data=city_locations limit="$N" model.device="$DEVICE" model.dtype=bfloat16 \
+    dtype=bfloat16 prefix_cache=false store_dir="$WORK/whole" hydra.run.dir="$WORK/logs_whole" 2>&1 | tr '\r' '\n' \
+    | grep -v "stmt/s" | tail -1
+echo "extract: the same without the shared prefix (prefix_cache=false): ${SECONDS} s (model load included)"
+"$PY" - "$WORK/smollm2/city_locations.h5" "$WORK/whole/smollm2/city_locations.h5" <<'EOF'
+"""The shared-prefix store (schema 2) reads as the whole-input store (schema 1): bytes and values."""
+import os
+import sys
+
+import numpy as np
+
+from extract.store import ActivationStore
+
+with ActivationStore(sys.argv[1]) as a, ActivationStore(sys.argv[2]) as b:
+    assert (a.offsets == b.offsets).all() and (a.token_ids == b.token_ids).all()
+    worst = 0.0
+    for k in a.layers:
+        x, y = a.layer(k), b.layer(k)
+        worst = max(worst, float(np.abs(x - y).max() / (np.abs(y).max() + 1e-6)))
+    print(f"shared prefix {a.prefix_len} tokens: store bytes {os.path.getsize(sys.argv[1]) / os.path.getsize(sys.argv[2]):.3f}"
+          f" of the whole-input store's; max relative difference {worst:.2e} over {len(a.layers)} layers "
+          f"({'OK' if worst < 5e-2 else 'MISMATCH'}: bfloat16, cached vs whole passes)")
+EOF
 
 "$PY" - "$WORK/smollm2/city_locations.h5" "$DEVICE" <<'EOF'
 """Stored states == a plain single-statement bfloat16 forward (output_hidden_states), 20 statements."""
