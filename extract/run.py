@@ -28,8 +28,9 @@ from extract.plan import MEASURED_TOKENS_PER_S, Plan, check_plan, free_space
 from extract.shards import merge_shards, shard_path, shard_rows
 from extract.schema import validate
 from extract.statements import TRUTHFULQA, StatementsError, limit_statements, load_statements
-from extract.store import (KIND_STATEMENT, StoreError, StoreWriter, build_store, check_compatible, estimate_bytes,
-                           select_layers, store_path, torch_to_stored, STORED_DTYPES, TORCH_STORED)
+from extract.store import (KIND_STATEMENT, StoreError, select_layers, store_path, torch_to_stored, STORED_DTYPES,
+                           TORCH_STORED)
+from extract.store_writer import StoreWriter, build_store, check_compatible, estimate_bytes
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,12 @@ fits one head per class, as the toolkit's multiclass tasks do. Subclasses implem
 
 Calibration, conformal abstention and metrics are computed from the scores by shared code
 (evaluation/, driven by probes/pipeline.py), never inside a probe. Probes trained by gradient descent run a
-`lightning.Trainer` inside `fit`; `accelerator` ("auto", "cpu", "gpu") chooses the device.
+`lightning.Trainer` (probes.trainer) inside `fit`; `accelerator` ("auto", "cpu", "gpu") chooses the device.
 
 The Python API's inputs (arrays from any tool) are checked here, at its edge (`as_features`,
 `check_rows`, `check_class_labels`): one ProbeError naming the argument, never a torch traceback.
 """
 from __future__ import annotations
-
-import importlib.util
-import logging
-import warnings
-from contextlib import contextmanager
 
 import lightning as L
 import numpy as np
@@ -40,7 +35,6 @@ from sklearn.metrics import matthews_corrcoef
 from sklearn.model_selection import StratifiedKFold
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
-from torch.utils.data import Dataset
 
 from extract.errors import ToolkitError
 from probes.features import TOKEN_KINDS, Features
@@ -306,92 +300,12 @@ def resolve_device(accelerator: str) -> torch.device:
     return torch.device(acc)
 
 
-@contextmanager
-def quiet_lightning():
-    """Silence the Trainer's per-fit info lines and data-loader hints (the caller shows progress)."""
-    names = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*number of training batches.*")
-            warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
-            warnings.filterwarnings("ignore", message=".*srun.*")
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning 2.6 on torch >= 2.10
-            yield
-    finally:
-        for lg, lvl in zip(loggers, levels):
-            lg.setLevel(lvl)
-
-
-TRAINER_LOGGERS = ("csv", "tensorboard")
-_LOGGING: dict = {}   # {"kind": ..., "folder": ...} inside trainer_logging(), else empty
-
-
-def check_logger(kind: str) -> None:
-    """One ProbeError line unless `kind` is a logger this environment can run (tensorboard needs its package)."""
-    check_choice("trainer.logger", kind, TRAINER_LOGGERS)
-    if kind == "tensorboard" and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
-        raise ProbeError("trainer.logger=tensorboard needs the tensorboard package: pip install tensorboard (or use "
-                         "trainer.logger=csv)")
-
-
-@contextmanager
-def trainer_logging(kind: str | None, folder):
-    """Within: every Lightning fit (mlp, linear) logs its metrics with Lightning's `kind` logger ("csv":
-    metrics.csv, "tensorboard": event files) under `folder`/version_<n> (one version per fit: heads,
-    folds, C values in the order fitted); None: no logger (the default, nothing written)."""
-    if kind is None:
-        yield
-        return
-    check_logger(kind)
-    _LOGGING.update(kind=kind, folder=str(folder))
-    try:
-        yield
-    finally:
-        _LOGGING.clear()
-
-
-def _logger():
-    """The Lightning logger of the current trainer_logging() context, or False."""
-    if not _LOGGING:
-        return False
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    return (CSVLogger if _LOGGING["kind"] == "csv" else TensorBoardLogger)(_LOGGING["folder"], name="")
-
-
-def make_trainer(accelerator: str, max_epochs: int, callbacks=None, **kwargs) -> L.Trainer:
-    """A single-device Trainer without checkpoints / progress bar / model summary, and without a logger
-    unless inside trainer_logging()."""
-    return L.Trainer(accelerator=accelerator, devices=1, max_epochs=max_epochs, callbacks=callbacks,
-                     logger=_logger(), enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
-                     **kwargs)
-
-
 def standardiser(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Column mean and (population) std of X, std floored so constant columns divide by 1."""
     mean = X.double().mean(0)
     std = X.double().std(0, unbiased=False)
     std = torch.where(std > _EPS * max(float(std.max()), 1.0), std, torch.ones_like(std))
     return mean.float(), std.float()
-
-
-class FullBatch(Dataset):
-    """A data set of one item: the whole training split (for full-batch optimisers)."""
-
-    def __init__(self, *tensors: torch.Tensor):
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, i):
-        return self.tensors
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
 from torch.utils.data import DataLoader
 
-from probes.base import (FullBatch, Probe, balanced_weights, check_choice, check_positive, draw_seed,
-                         kfold_splits, make_trainer, quiet_lightning, standardiser)
+from probes.base import Probe, balanced_weights, check_choice, check_positive, draw_seed, kfold_splits, standardiser
 from probes.features import Features, statement_vectors
+from probes.trainer import FullBatch, make_trainer, quiet_lightning
 
 __all__ = ["LinearProbe"]
 

@@ -23,9 +23,10 @@ from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from probes.base import (FullBatch, Probe, ProbeError, balanced_weights, check_choice, check_positive,
-                         draw_seed, holdout_split, make_trainer, quiet_lightning, resize_placeholders, standardiser)
+from probes.base import (Probe, ProbeError, balanced_weights, check_choice, check_positive, draw_seed, holdout_split,
+                         resize_placeholders, standardiser)
 from probes.features import Features, statement_vectors
+from probes.trainer import FullBatch, make_trainer, quiet_lightning
 
 __all__ = ["MLPProbe"]
 

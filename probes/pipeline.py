@@ -25,10 +25,11 @@ from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE
 from extract.store import ActivationStore, select_layers, store_path, store_summary
 from probes.artifacts import build_probe, calibrated_heads, write_probe_cell
-from probes.base import Probe, check_choice, trainer_logging
+from probes.base import Probe, check_choice
 from probes.features import layer_features
 from probes.fitting import CALIBRATIONS, HeadBank
 from probes.schema import validate
+from probes.trainer import trainer_logging
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ToolkitError(f"trainer.accelerator={checked['trainer']['accelerator']} but no GPU is visible: use "
                            "trainer.accelerator=cpu (or auto)")
     if checked["trainer"]["logger"] is not None:
-        from probes.base import check_logger
+        from probes.trainer import check_logger
 
         check_logger(checked["trainer"]["logger"])
     check_writable(checked["results_dir"])

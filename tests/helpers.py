@@ -17,7 +17,8 @@ import pytest
 
 from extract.config import compose_config
 from extract.statements import load_statements
-from extract.store import KIND_SPECIAL, KIND_STATEMENT, create_store
+from extract.store import KIND_SPECIAL, KIND_STATEMENT
+from extract.store_writer import create_store
 
 ROOT = Path(__file__).resolve().parent.parent
 extract_config = partial(compose_config, "extract")

@@ -23,7 +23,8 @@ from extract.errors import ToolkitError
 from extract.models import decoder_layers, load_model
 from extract.run import extract
 from extract.statements import StatementsError, limit_statements, load_statements
-from extract.store import KIND_CONTEXT, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError, StoreWriter
+from extract.store import KIND_CONTEXT, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore, StoreError
+from extract.store_writer import StoreWriter
 from tests.helpers import extract_config
 from zero_shot.scoring import scored_rows
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from extract.run import extract
-from extract.store import ActivationStore, StoreError, StoreWriter
+from extract.store import ActivationStore, StoreError
+from extract.store_writer import StoreWriter
 from probes.features import layer_features
 from tests.helpers import extract_config
 from tests.test_extract import assert_fp16_close

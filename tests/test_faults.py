@@ -39,13 +39,13 @@ def _log_folder(tmp_path_factory):
 
 KILL_AFTER = """
 import os, runpy, signal, sys
-import extract.store as store
+import extract.store_writer as writer
 name = sys.argv.pop(1)
-real = getattr(store, name)
+real = getattr(writer, name)
 def kill_after(*args, **kwargs):
     real(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGKILL)
-setattr(store, name, kill_after)
+setattr(writer, name, kill_after)
 runpy.run_module("extract", run_name="__main__", alter_sys=True)
 """
 
@@ -53,7 +53,7 @@ runpy.run_module("extract", run_name="__main__", alter_sys=True)
 # ------------------------------------------------------------------------------------- helpers
 def command(store_dir: Path, *extra: str, kill_after: str | None = None) -> list[str]:
     """`python -m extract` with the STANDARD options; `kill_after`: SIGKILL once that function of
-    extract.store has returned."""
+    extract.store_writer has returned."""
     head = [sys.executable, "-c", KILL_AFTER, kill_after] if kill_after else [sys.executable, "-m", "extract"]
     return [*head, *STANDARD, f"store_dir={store_dir}", f"hydra.run.dir={LOGS[-1]}/{next(_RUN_NUMBER)}", *extra]
 

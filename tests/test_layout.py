@@ -1,6 +1,6 @@
 """The layout's promises: every probe's state_dict round trip restores it; names that become paths are
 checked; nothing is built from a nested `_target_` on the command line; the report names a bad cell
-in one line; zero_shot imports nothing from probes; no project file is over ~450 lines."""
+in one line; zero_shot imports nothing from probes; no project file is over 460 lines."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,9 +97,4 @@ def test_layering_and_file_sizes():
     assert "from probes" not in lower and "from zero_shot" not in lower
     sizes = {p: len(p.read_text().splitlines()) for p in ROOT.glob("**/*.py")
              if ".venv" not in p.parts and "tests" not in p.parts}
-    # two files are over 460, to be split: extract/store.py (both store schemas, reader and writer: the
-    # writer side, build_store .. StoreWriter, is to move to a module of its own) and probes/base.py (the
-    # Lightning trainer and its loggers are to move beside the probes that train)
-    assert max(sizes.values()) <= 540, max(sizes.items(), key=lambda kv: kv[1])
-    assert {p.relative_to(ROOT).as_posix() for p, n in sizes.items() if n > 460} <= {"extract/store.py",
-                                                                                    "probes/base.py"}
+    assert max(sizes.values()) <= 460, max(sizes.items(), key=lambda kv: kv[1])

@@ -30,7 +30,8 @@ from extract.capture import plan_batches, plan_windows
 from extract.models import load_model
 from extract.run import _fill, render_inputs, window_tokens
 from extract.statements import load_statements
-from extract.store import ActivationStore, STORED_DTYPES, create_store
+from extract.store import ActivationStore, STORED_DTYPES
+from extract.store_writer import create_store
 
 
 class Clock:
