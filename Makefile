@@ -40,7 +40,7 @@ test-fast: install
 	$(PY) -m pytest -m "not slow and not slurm"
 
 bench: install
-	$(PY) -m experiments.bench.bench_extract
+	$(PY) -m experiments.bench.page
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -254,6 +254,35 @@ def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True
     return out
 
 
+def wide_cost(n_bags: int, dim: int, base_dim: int = 576, shift: float = 1.5, seed: int = 2, device=None):
+    """What C by grouped CV costs at width ``dim`` on ``n_bags`` planted bags (three statements an entity
+    group), from three measurements in this run: the probe's CV fit of one head (its grid and folds, warm
+    starts, + the final fit) and one fit at C = 100, both at ``base_dim``, and one fit at C = 100 at ``dim``.
+    Estimate at ``dim``: its one fit x (CV / one fit at ``base_dim``), for one head and for a layer job's
+    four heads (three one-vs-all and true_vs_false)."""
+    from probes.features import Features
+    from probes.samil import SAwMILProbe
+
+    def timed(width: int, C):
+        X, off, y, _, _ = make_planted_bags(n_bags, width, shift=shift, seed=seed)
+        probe = SAwMILProbe(C=C, accelerator="cpu" if device is None else str(device))
+        t0 = time.perf_counter()
+        probe.fit(Features(torch.from_numpy(X), torch.from_numpy(off), np.arange(n_bags) // 3), y)
+        return time.perf_counter() - t0, probe
+
+    cv_base, probe = timed(base_dim, None)
+    fit_base, _ = timed(base_dim, 100.0)
+    print(f"[{n_bags} planted bags, shift {shift}, {torch.get_num_threads()} threads]")
+    print(f"  d = {base_dim}: C by {probe.cv_folds}-fold grouped CV over {list(probe.Cs)} + final fit "
+          f"({len(probe.cv_fits_)} sAwMIL fits, chosen C {probe.params()['C']:g}) {cv_base:.0f} s; one fit at C = 100 "
+          f"{fit_base:.1f} s; ratio {cv_base / fit_base:.1f}", flush=True)
+    fit_wide, _ = timed(dim, 100.0)
+    head = fit_wide * cv_base / fit_base
+    print(f"  d = {dim}: one fit at C = 100 {fit_wide:.0f} s ({fit_wide / fit_base:.0f}x d = {base_dim}'s)")
+    print(f"  estimate at d = {dim}: C by CV of one head ~{head / 60:.0f} min, one layer job (four heads) "
+          f"~{4 * head / 3600:.1f} h on this machine", flush=True)
+
+
 def load_real(store_path: str, layer: int):
     """(train, y_train, test, y_test) Features of a store (true_vs_all, entity-disjoint split, seed 0)."""
     from extract.store import ActivationStore
@@ -331,6 +360,8 @@ def main(argv=None):
     ap.add_argument("--cv-compare", type=int, default=0, metavar="REPS",
                     help="with --store: the probe's CV fit cold vs warm-started, REPS alternating runs each "
                          "(instead of the one fit and the CV fit)")
+    ap.add_argument("--wide", type=int, default=0, metavar="N_BAGS",
+                    help="the cost of C by CV at width --dim on N_BAGS planted bags (see wide_cost)")
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -345,6 +376,8 @@ def main(argv=None):
         cv_compare(args.store, args.layer, device=args.device, reps=args.cv_compare)
     elif args.store:
         real_fit(args.store, args.layer, args.C, device=args.device, cv=not args.skip_cv)
+    if args.wide:
+        wide_cost(args.wide, args.dim, device=args.device)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

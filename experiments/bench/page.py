@@ -1,0 +1,148 @@
+"""`make bench`: run the benchmarks of experiments/bench/ and write docs/benchmarks.md from what they print.
+
+    python -m experiments.bench.page [--out docs/benchmarks.md] [--work bench_work] [--only NAME ...]
+
+Each benchmark runs as its own process (its own threads and peak memory), one after another. The page
+holds, per benchmark, what it measures, its command and the lines it printed (progress bars left out),
+under one provenance line (commit, date, command, machine); nothing on it is typed by hand. The
+real-store benchmarks read SmolLM2 city_locations at layer 16, extracted into `--work` first when it
+is not complete (every statement, that layer only). `--only` reruns some benchmarks and keeps the other
+sections of the existing page as they are (each section names the commit it ran at).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from evaluation.cells import atomic_write
+from evaluation.provenance import provenance
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE = "{work}/activations/smollm2/city_locations.h5"
+SETUP = ["-m", "extract", "model=smollm2", "data=city_locations", "layers=[16]", "store_dir={work}/activations",
+         "hydra.run.dir={work}/logs"]
+
+# (name, heading, what it measures and the goal it is held to, arguments after `python`)
+BENCHMARKS = [
+    ("extract", "Extraction: the shared prefix, capture overhead, store size, layer reads",
+     "2000 city_locations statements, every layer of SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to "
+     "float32), on the CPU. Goals: extraction wall with the shared prefix <= 0.5x the whole-input path; "
+     "store bytes <= 0.45x.",
+     ["-m", "experiments.bench.bench_extract", "2000", "smollm2"]),
+    ("linear", "Linear probe: C by grouped CV vs scikit-learn's LogisticRegressionCV",
+     "One layer (16) of the full city_locations store, true_vs_all, the same folds, C grid and "
+     "class-balanced objective for both.",
+     ["-m", "experiments.bench.bench_linear", "--store", STORE, "--layer", "16"]),
+    ("samil_package", "sAwMIL vs the `sawmil` package (OSQP), synthetic bags",
+     "Identical planted bags (d = 576, ~14 tokens a bag), the same C, eta and candidates; then one fit on "
+     "5000 bags (time and memory). Goal: >= 100x the package at 250 bags.",
+     ["experiments/bench/bench_samil.py", "--sizes", "250", "500", "--big", "5000"]),
+    ("samil_real", "sAwMIL on every city_locations training bag, and its C by CV",
+     "One fit at C = 100 on all training bags at layer 16 (goal <= 1 s at one thread), then the probe's C "
+     "by grouped CV over its grid with warm starts (one head).",
+     ["experiments/bench/bench_samil.py", "--sizes", "--big", "0", "--store", STORE, "--layer", "16"]),
+    ("layer_jobs", "One layer's job per probe, C by CV for samil",
+     "What one `make run` job costs: every probe at layer 16 of the full city_locations store, one task "
+     "(true_vs_all), samil with C by grouped CV (samil_C=null), in this process's threads.",
+     ["-m", "experiments.bench.bench_layers", "model=smollm2", "data=city_locations", "store_dir={work}/activations",
+      "samil_C=null"]),
+    ("samil_wide", "sAwMIL at Llama-3.1-8B width (d = 4096), synthetic",
+     "2929 planted bags (the city_locations training split's size): C by grouped CV of one head and one "
+     "fit at d = 576, one fit at d = 4096, and from their ratio what a GPU-less user with an 8B model "
+     "should expect per head and per layer (a CV at d = 4096 takes hours here).",
+     ["experiments/bench/bench_samil.py", "--skip-package", "--big", "0", "--wide", "2929", "--dim", "4096"]),
+]
+PROGRESS = re.compile(r"\d+/\d+ \[|it/s\]|s/it\]|stmt/s")
+
+
+def machine() -> str:
+    """CPU model and count, and the load average, in one phrase."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or "CPU") \
+        if Path("/proc/cpuinfo").exists() else platform.processor()
+    return f"{os.cpu_count()} x {model}, load average {os.getloadavg()[0]:.1f} at the start"
+
+
+def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
+    """Run `python args` from the repository root: (printed lines without progress bars, seconds, exit code)."""
+    argv = [sys.executable, *(a.format(work=work) for a in args)]
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    lines = [line for chunk in (done.stdout + done.stderr).split("\n") for line in chunk.split("\r")]
+    kept = [line.rstrip() for line in lines if line.strip() and not PROGRESS.search(line)]
+    return kept, time.perf_counter() - started, done.returncode
+
+
+def section(name: str, heading: str, what: str, args: list[str], lines: list[str], seconds: float, code: int,
+            stamp: str) -> str:
+    command = " ".join(["python", *args]).replace("{work}", "bench_work")
+    status = "" if code == 0 else f" **It failed (exit code {code}); its last lines are below.**"
+    body = lines if code == 0 else lines[-30:]
+    return "\n".join([f"<!-- bench:{name} -->", f"## {heading}", "", what, "",
+                      f"`{command}` ({seconds / 60:.1f} min, {stamp}).{status}", "", "```text", *body, "```",
+                      f"<!-- /bench:{name} -->", ""])
+
+
+def kept_sections(page: Path) -> dict[str, str]:
+    """The sections of an existing page, by benchmark name."""
+    if not page.exists():
+        return {}
+    found = re.findall(r"(<!-- bench:(\w+) -->.*?<!-- /bench:\2 -->\n)", page.read_text(), re.S)
+    return {name: text for text, name in found}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--work", default=str(ROOT / "bench_work"), help="store and scratch folder (kept for reruns)")
+    ap.add_argument("--only", nargs="*", choices=[b[0] for b in BENCHMARKS], help="rerun these, keep the others")
+    args = ap.parse_args(argv)
+    work, out = Path(args.work).resolve(), Path(args.out)
+    stamp_of = provenance()
+    commit = (stamp_of["git_commit"] or "no git")[:7] + (" (modified)" if stamp_of["git_dirty"] else "")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    stamp = f"commit {commit}, {started:%Y-%m-%d %H:%M} UTC"
+    where = machine()
+    print("the SmolLM2 city_locations store at layer 16 in", work, "(extracted or resumed when not complete)",
+          flush=True)
+    lines, _, code = run_one(SETUP, work)
+    if code:
+        sys.exit("the store for the benchmarks could not be extracted:\n" + "\n".join(lines[-10:]))
+    sections = kept_sections(out)
+    for name, heading, what, bench_args in BENCHMARKS:
+        if args.only and name not in args.only:
+            continue
+        print(f"[{name}] python {' '.join(bench_args)}", flush=True)
+        lines, seconds, code = run_one(bench_args, work)
+        print("\n".join(lines[-6:]), flush=True)
+        sections[name] = section(name, heading, what, bench_args, lines, seconds, code, stamp)
+        write_page(out, page(sections, stamp, where, args))
+    write_page(out, page(sections, stamp, where, args))
+    print(f"written: {out}")
+
+
+def write_page(out: Path, text: str) -> None:
+    atomic_write(out, lambda f: f.write(text.encode()))
+
+
+def page(sections: dict[str, str], stamp: str, where: str, args) -> str:
+    command = "make bench" if not args.only else f"python -m experiments.bench.page --only {' '.join(args.only)}"
+    head = ["# Benchmarks", "",
+            f"> Generated by `{command}` ({stamp}; {where}). Every figure below is printed by the command "
+            "shown with it, in one run: compare ratios, not seconds across runs (a shared 2-core machine is "
+            "noisy). Rerun one section with `python -m experiments.bench.page --only NAME`.", "",
+            "The cost of the whole study (`make run`, every layer of every probe with C by CV) is on "
+            "[its results page](results/make_run.md).", ""]
+    body = [sections[name] for name, *_ in BENCHMARKS if name in sections]
+    return "\n".join(head + body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The benchmarks page (`make bench`): what a benchmark prints goes on the page without progress bars, a
+failed benchmark says so, and `--only` reruns keep the other sections."""
+from types import SimpleNamespace
+
+from experiments.bench.page import BENCHMARKS, kept_sections, page, run_one, section, write_page
+
+
+def test_printed_lines_kept_without_progress_bars(tmp_path):
+    script = "import sys; print('ratio = 0.46'); print('extract:  50%|#  | 1/2 [00:01<00:01, 3.2stmt/s]\\rdone', file=sys.stderr)"
+    lines, seconds, code = run_one(["-c", script], tmp_path)
+    assert code == 0 and seconds >= 0
+    assert lines == ["ratio = 0.46", "done"]
+
+
+def test_failed_benchmark_is_marked(tmp_path):
+    lines, _, code = run_one(["-c", "import sys; print('partial'); sys.exit(3)"], tmp_path)
+    text = section("extract", "Extraction", "what", ["-m", "x"], lines, 1.0, code, "commit abc")
+    assert "It failed (exit code 3)" in text and "partial" in text
+
+
+def test_only_rerun_keeps_the_other_sections_in_order(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    names = [b[0] for b in BENCHMARKS]
+    sections = {name: section(name, f"heading {name}", "what", ["-m", name], [f"line of {name}"], 60.0, 0, "commit old")
+                for name in names}
+    write_page(out, page(sections, "commit old", "2 x CPU", SimpleNamespace(only=None)))
+    kept = kept_sections(out)
+    assert list(kept) == names and kept == sections
+    kept[names[1]] = section(names[1], "new", "what", ["-m", "y"], ["new line"], 6.0, 0, "commit new")
+    write_page(out, page(kept, "commit new", "2 x CPU", SimpleNamespace(only=[names[1]])))
+    text = out.read_text()
+    assert "line of " + names[0] in text and "new line" in text and "line of " + names[1] not in text
+    assert text.index(names[0]) < text.index("new line") < text.index("line of " + names[2])
+    assert f"--only {names[1]}" in text.splitlines()[2]
