@@ -12,6 +12,9 @@
                        the same stress inputs: the test targets both get right on the clean statement, the
                        accuracy of each under every context and the paired difference probe - zero-shot, its
                        bootstrap p raw and Holm-adjusted over the family of every row of the table
+    ncb_robust.csv / .md, ncb_robust_clean.csv / .md
+                       probes trained with augment=structure_aware / neutral against the plain probe and each
+                       other on the same test targets (experiments/ncb_robust.py)
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.selective import paired_bootstrap
+from experiments.ncb_robust import stress_inputs, write_robust
 from experiments.plots import pyplot
 from experiments.tables import ALPHA, p_text, with_holm, yes_no
 from extract.errors import check_name
@@ -51,9 +55,10 @@ def load_stress(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
 
 
 def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float = 0.2) -> list[Path]:
-    """Write ncb.csv, ncb.md and ncb_stress.png (the figure at one group `fraction`) to out_dir, and
-    ncb_internal_vs_behaviour.csv / .md where a probe and zero-shot share a task; returns their paths
-    ([] when the model and datapack have no NCB results)."""
+    """Write ncb.csv, ncb.md and ncb_stress.png (the figure at one group `fraction`) to out_dir,
+    ncb_internal_vs_behaviour.csv / .md where a probe and zero-shot share a task, and the ncb_robust tables
+    where augmented probes sit beside their plain probe; returns their paths ([] when the model and datapack
+    have no NCB results)."""
     table = load_stress(results_dir, model, datapack)
     if table.empty:
         log.info("no NCB results for %s / %s (run python -m ncb)", model, datapack)
@@ -70,7 +75,7 @@ def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float =
         paths += [out / "ncb_internal_vs_behaviour.csv", out / "ncb_internal_vs_behaviour.md"]
         versus.to_csv(paths[3], index=False)
         paths[4].write_text(_versus_markdown(versus))
-    return paths
+    return paths + write_robust(results_dir, out, model, datapack)
 
 
 def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -84,21 +89,15 @@ def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 
     folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
     methods = {}
     for path in sorted(folder.glob("*/stress.json")):
-        inputs, targets = path.with_name("inputs.csv"), path.with_name("targets.json")
-        if not (inputs.exists() and targets.exists()):
-            continue
-        info = json.loads(path.read_text())["info"]
-        clean = {t["row"]: t["p_y"] for t in json.loads(targets.read_text()) if t["valid"] and t["part"] == "test"}
-        frame = pd.read_csv(inputs, dtype={"level": str})
-        frame = frame[frame["target_row"].isin(clean)]
-        frame = frame.assign(shift=frame["p_y"] - frame["target_row"].map(clean))   # p_y under context - clean p_y
-        methods[path.parent.name] = (info, frame.drop(columns="p_y"))
+        if path.with_name("inputs.csv").exists() and path.with_name("targets.json").exists():
+            methods[path.parent.name] = (json.loads(path.read_text())["info"], stress_inputs(path.parent))
     rows = []
     for probe, (p_info, p_frame) in methods.items():
         for zero, (z_info, z_frame) in methods.items():
             if p_info["kind"] != "probe" or z_info["kind"] != "zero_shot" or p_info["task"] != z_info["task"]:
                 continue
-            both = p_frame.merge(z_frame, on=["target_row", "entity", "interference", "level"], suffixes=("_p", "_z"))
+            both = p_frame.merge(z_frame, on=["target_row", "entity", "interference", "level", "control"],
+                                 suffixes=("_p", "_z"))
             for (interference, level), part in both.groupby(["interference", "level"], sort=False):
                 a, b = part["correct_p"].to_numpy(float), part["correct_z"].to_numpy(float)
                 row = {"probe": probe, "zero_shot": zero, "task": p_info["task"], "interference": interference,

@@ -95,6 +95,15 @@ class DataSchema:
 
 
 @dataclass
+class InputStoreOptions:
+    """Extraction of inputs under a context into a store beside the clean one (ncb's stress inputs, train_probe's
+    augment=): the batching and windows of python -m extract."""
+    batch_tokens: int = option(4096, "padded tokens per forward pass of the inputs under a context")
+    window_tokens: Any = option("auto", "tokens per write of their store (as python -m extract)")
+    window_mb: int = option(512, "buffer memory per window of their store")
+
+
+@dataclass
 class ExtractSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     data: DataSchema = field(default_factory=DataSchema)

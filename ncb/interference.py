@@ -9,11 +9,13 @@ Every claim comes from the datapack itself (nothing is generated), for the targe
                  ("the city of Y is located in W": a confusable neighbour, no false claim in it)
 
 A claim enters a template as a clause: the final period dropped, a leading The / A / An lowercased.
-The templates (conf/ncb.yaml, `stress:`) map each interference to {level: template}; the template
+The templates (conf/stress/default.yaml, `stress:`) map each interference to {level: template}; the template
 `control` stands for a neutral passage (`neutral:`) cut to as many words as the interference's next
 template has for the same target, so the control has the same length without any claim. A target
 without the claims a template needs gets no input for it. Each context ends in a newline, so the
 target's own tokens keep their ids (extract.capture.render; checked again on the extracted store).
+Each input records the table rows its claims quote (`claim_rows`); `sources` restricts them (ncb.augment:
+training statements only).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ ARTICLES = ("The ", "A ", "An ")
 CONTROL = "control"
 FIELDS = ("false", "true", "neighbour")
 COLUMNS = ["target_row", "interference", "level", "context", "statement", "object_1", "object_2", "negation",
-           "label"]
+           "label", "claim_rows"]
 
 
 def as_clause(statement: str) -> str:
@@ -41,20 +43,27 @@ def as_clause(statement: str) -> str:
     return text[0].lower() + text[1:] if text.startswith(ARTICLES) else text
 
 
-def entity_claims(table: pd.DataFrame) -> pd.DataFrame:
+def entity_claims(table: pd.DataFrame, sources: np.ndarray | None = None) -> pd.DataFrame:
     """One row per entity (index object_1) with columns false, false_object, true, neighbour (clauses,
-    None where the datapack has none), from the table's affirmative real statements."""
-    affirmative = table[~table["negation"].to_numpy(dtype=bool) & (table["object_1"] != "")]
+    None where the datapack has none) and false_row, true_row, neighbour_row (the table rows they quote),
+    from the affirmative real statements among `sources` (int table rows; None: every row)."""
+    pool = table.assign(row=np.arange(len(table)))
+    if sources is not None:
+        pool = pool.iloc[np.sort(np.asarray(sources, dtype=np.int64))]
+    affirmative = pool[~pool["negation"].to_numpy(dtype=bool) & (pool["object_1"] != "")]
     false = affirmative[affirmative["label"] == FALSE].drop_duplicates("object_1").set_index("object_1")
     true = affirmative[affirmative["label"] == TRUE]
-    claims = pd.DataFrame(index=pd.Index(table.loc[table["object_1"] != "", "object_1"].unique(), name="object_1"))
-    claims["false"] = false["statement"].map(as_clause)
+    first_true = true.drop_duplicates("object_1").set_index("object_1")
+    claims = pd.DataFrame(index=pd.Index(pool.loc[pool["object_1"] != "", "object_1"].unique(), name="object_1"))
+    claims["false"], claims["false_row"] = false["statement"].map(as_clause), false["row"]
     claims["false_object"] = false["object_2"]
-    claims["true"] = true.drop_duplicates("object_1").set_index("object_1")["statement"].map(as_clause)
-    by_object = {obj: list(zip(g["object_1"], g["statement"])) for obj, g in true.groupby("object_2")}
-    claims["neighbour"] = [next((as_clause(s) for e, s in by_object.get(obj, []) if e != entity), None)
-                           if isinstance(obj, str) else None
-                           for entity, obj in zip(claims.index, claims["false_object"])]
+    claims["true"], claims["true_row"] = first_true["statement"].map(as_clause), first_true["row"]
+    by_object = {obj: list(zip(g["object_1"], g["statement"], g["row"])) for obj, g in true.groupby("object_2")}
+    neighbours = [next(((as_clause(s), r) for e, s, r in by_object.get(obj, []) if e != entity), (None, None))
+                  if isinstance(obj, str) else (None, None)
+                  for entity, obj in zip(claims.index, claims["false_object"])]
+    claims["neighbour"] = [clause for clause, _ in neighbours]
+    claims["neighbour_row"] = [row for _, row in neighbours]
     return claims.astype(object).where(claims.notna(), None)
 
 
@@ -89,35 +98,42 @@ def check_templates(stress: dict) -> None:
                                    f"{', '.join('{' + f + '}' for f in unknown)}: {allowed}")
 
 
-def _control(neutral: str, n_words: int) -> str:
+def control_text(neutral: str, n_words: int) -> str:
+    """The neutral passage cut (or repeated) to `n_words` words, ending in a period: a context of that
+    length without any claim."""
     words = neutral.split()
     return " ".join(words[i % len(words)] for i in range(n_words)).rstrip(".,;") + "."
 
 
-def perturbations(table: pd.DataFrame, targets: np.ndarray, stress: dict, neutral: str) -> pd.DataFrame:
+def perturbations(table: pd.DataFrame, targets: np.ndarray, stress: dict, neutral: str,
+                  sources: np.ndarray | None = None) -> pd.DataFrame:
     """The stress inputs of `targets` (table rows): one row per (target, interference, level) that the
     target's claims allow, columns COLUMNS (level as text, context ending in a newline, the target's
-    statement, entities, negation and label copied from the table), in target then template order.
+    statement, entities, negation and label copied from the table, claim_rows: the sorted table rows
+    the context quotes, none for a control), in target then template order.
 
     stress: {interference: {level: template}} with fields {false}, {true}, {neighbour}, or `control`
-    (check_templates: anything else is refused)."""
+    (check_templates: anything else is refused). sources: the table rows a claim may quote (None:
+    every row)."""
     check_templates(stress)
-    claims = entity_claims(table)
+    claims = entity_claims(table, sources).to_dict(orient="index")
+    fields = {t: _fields(t) for levels in stress.values() for t in levels.values()}
+    statement, object_1, object_2, negation, label = (table[c].to_numpy() for c in COLUMNS[4:9])
     records = []
     for row in np.asarray(targets, dtype=np.int64):
-        target = table.iloc[row]
-        values = claims.loc[target["object_1"]].to_dict() if target["object_1"] in claims.index else {}
+        values = claims.get(object_1[row], {})
+        target = (statement[row], object_1[row], object_2[row], bool(negation[row]), int(label[row]))
         for interference, levels in stress.items():
-            texts = [None if t == CONTROL else (t.format(**values) if all(values.get(f) for f in _fields(t)) else "")
+            texts = [None if t == CONTROL else (t.format(**values) if all(values.get(f) for f in fields[t]) else "")
                      for t in levels.values()]
-            for i, (level, text) in enumerate(zip(levels, texts)):
+            for i, (level, template, text) in enumerate(zip(levels, levels.values(), texts)):
                 if text is None:  # the control: as long as the next real template
                     following = next((t for t in texts[i + 1:] if t is not None), "")
-                    text = _control(neutral, len(following.split())) if following else ""
+                    text = control_text(neutral, len(following.split())) if following else ""
                 if text:
-                    records.append((int(row), str(interference), str(level), text[0].upper() + text[1:] + "\n", target["statement"],
-                                    target["object_1"], target["object_2"], bool(target["negation"]),
-                                    int(target["label"])))
+                    quoted = sorted(int(values[f"{f}_row"]) for f in fields[template])
+                    records.append((int(row), str(interference), str(level), text[0].upper() + text[1:] + "\n",
+                                    *target, quoted))
     return pd.DataFrame.from_records(records, columns=COLUMNS)
 
 

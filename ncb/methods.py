@@ -31,11 +31,10 @@ from evaluation.splits import Split, make_split
 from evaluation.tasks import task_targets
 from extract.errors import ToolkitError, check_name
 from extract.models import load_model
-from extract.run import extract
 from extract.scorer import Checkpoint, score
 from extract.statements import TRILEMMA
 from extract.store import KIND_STATEMENT, ActivationStore, check_same_model, store_path, store_summary
-from ncb.interference import write_datapack
+from ncb.stores import extract_inputs, input_store_name
 from probes.artifacts import load_probe
 from probes.features import layer_features
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
@@ -44,6 +43,7 @@ from zero_shot.scoring import PromptScorer, compute_scores, load_table, scores_p
 
 log = logging.getLogger(__name__)
 QUESTION = "Question: Is the following statement correct? "
+STRESS_SCORES = "stress_scores"     # <output folder>/stress_scores.npz: the direct setting's stress scores
 
 
 class NCBError(ToolkitError):
@@ -60,6 +60,7 @@ class Method:
     task     evaluation.tasks name; rows int [M] (table rows) and y int [M] their targets
     probs    float [M, K] class probabilities of `rows` (NaN rows: not scored)
     score_stress  stress inputs (ncb.interference.perturbations) -> (probs [P, K], notes for stress.json)
+    info     what stress.json records of the method
     """
     name: str
     table: pd.DataFrame
@@ -70,6 +71,7 @@ class Method:
     probs: np.ndarray
     score_stress: Callable[[pd.DataFrame], tuple[np.ndarray, dict]]
     info: dict
+    options: np.ndarray | None = None   # zero-shot: float32 [M, 7] option probabilities of `rows` (clean)
 
 
 def resolve(cfg: DictConfig) -> tuple[str, dict | None]:
@@ -119,14 +121,9 @@ def probe_method(cfg: DictConfig, cell: dict) -> Method:
     probs = probe.predict_proba(layer_features(clean, layer, probe.representation, probe.tokens))[rows]
 
     def score_stress(frame: pd.DataFrame) -> tuple[np.ndarray, dict]:
-        name = check_name(f"{cfg.data.name}.ncb-stress.{split.kind}-seed{split.seed}.L{layer}", "data.name")
-        csv = write_datapack(frame, store_path(cfg.store_dir, cfg.model.name, name).with_suffix(".csv"))
-        options = {"model": OmegaConf.to_container(cfg.model, resolve=True),
-                   "data": {"name": name, "source": "csv", "path": str(csv), "statement_column": "statement",
-                            "label_column": None},
-                   "store_dir": str(cfg.store_dir), "layers": [layer], "dtype": clean.attrs["dtype"], "limit": None,
-                   "overwrite": bool(cfg.overwrite), **OmegaConf.to_container(cfg.extract, resolve=True)}
-        stressed = ActivationStore(extract(OmegaConf.create(options)))
+        stressed = extract_inputs(frame, input_store_name(cfg.data.name, "ncb-stress", split, layer),
+                                  OmegaConf.to_container(cfg.model, resolve=True), cfg.store_dir, layer,
+                                  clean.attrs["dtype"], bool(cfg.overwrite), OmegaConf.to_container(cfg.extract, resolve=True))
         check_same_model(probe.store, store_summary(stressed), str(stressed.path))
         differ = statement_tokens_differ(clean, stressed, frame["target_row"].to_numpy())
         if differ:
@@ -176,13 +173,13 @@ def zero_shot_method(cfg: DictConfig, out_dir: Path) -> Method:
     probs = zero_shot_probs(scores[rows], task)
 
     def score_stress(frame: pd.DataFrame) -> tuple[np.ndarray, dict]:
-        path = out_dir / "stress_scores.npz"
+        path = out_dir / f"{STRESS_SCORES}.npz"
         stress = score_prompts(cfg, enum, frame, path)
         return zero_shot_probs(stress, task), {"scores": str(path)}
 
     info = {"kind": "zero_shot", "enumeration": enum.name, "task": task, "scores": str(score_file),
             "context": "before the question line, same user turn"}
-    return Method(resolve(cfg)[0], table, split, task, rows, y, probs, score_stress, info)
+    return Method(resolve(cfg)[0], table, split, task, rows, y, probs, score_stress, info, scores[rows])
 
 
 def zero_shot_probs(scores: np.ndarray, task: str) -> np.ndarray:
@@ -193,13 +190,24 @@ def zero_shot_probs(scores: np.ndarray, task: str) -> np.ndarray:
     return probs
 
 
+def prompt_text(renderer: PromptRenderer, statement: str, context: str,
+                follow_up: tuple[str, str] | None = None) -> str:
+    """The zero-shot prompt of `statement` (PromptRenderer.text, with its `follow_up` turn) with `context`
+    put just before its (first) question line."""
+    text = renderer.text(statement, follow_up)
+    at = text.index(QUESTION)
+    return text[:at] + context + text[at:]
+
+
+def encode(renderer: PromptRenderer, text: str) -> np.ndarray:
+    """Token ids int64 [n] of a prompt text (special tokens as PromptRenderer.ids)."""
+    return np.asarray(renderer.tokenizer(text, add_special_tokens=not renderer.use_chat_template)["input_ids"],
+                      dtype=np.int64)
+
+
 def prompt_ids(renderer: PromptRenderer, statement: str, context: str) -> np.ndarray:
     """Token ids int64 [n] of the zero-shot prompt of `statement` with `context` before its question line."""
-    text = renderer.text(statement)
-    at = text.index(QUESTION)
-    text = text[:at] + context + text[at:]
-    ids = renderer.tokenizer(text, add_special_tokens=not renderer.use_chat_template)["input_ids"]
-    return np.asarray(ids, dtype=np.int64)
+    return encode(renderer, prompt_text(renderer, statement, context))
 
 
 def score_prompts(cfg: DictConfig, enum, frame: pd.DataFrame, path: Path) -> np.ndarray:
@@ -208,8 +216,17 @@ def score_prompts(cfg: DictConfig, enum, frame: pd.DataFrame, path: Path) -> np.
     loaded = load_model(cfg.model)
     renderer = PromptRenderer(loaded.tokenizer, enum, loaded.use_chat_template)
     prompts = [prompt_ids(renderer, s, c) for s, c in zip(frame["statement"], frame["context"])]
-    option_ids = option_token_ids(loaded.tokenizer, enum.labels)
+    return score_options(cfg, loaded, option_token_ids(loaded.tokenizer, enum.labels), prompts, path)
+
+
+def score_options(cfg: DictConfig, loaded, option_ids: list[list[int]], prompts: list[np.ndarray], path: Path,
+                  temperature: float = 1.0) -> np.ndarray:
+    """float32 [P, 7] option probabilities at temperature `temperature` (zero_shot.scoring.PromptScorer)
+    of token-id prompts, batched as zero_shot.* says, resumed from / saved to the checkpoint `path`."""
     z = cfg.zero_shot
-    checkpoint = Checkpoint(path, {"option_ids": option_ids}, int(z.save_every), atomic_write, resume=not cfg.overwrite)
-    return score(loaded, prompts, PromptScorer(loaded.model, option_ids, loaded.device), int(z.batch_size),
-                 prefix_cache=bool(z.prefix_cache), checkpoint=checkpoint, desc="zero-shot stress").results
+    # (temperature 1 leaves the signature as it was before temperatures: older stress_scores.npz still resume)
+    signature = {"option_ids": option_ids, **({} if temperature == 1 else {"temperature": temperature})}
+    checkpoint = Checkpoint(path, signature, int(z.save_every), atomic_write, resume=not cfg.overwrite)
+    return score(loaded, prompts, PromptScorer(loaded.model, option_ids, loaded.device, temperature),
+                 int(z.batch_size), prefix_cache=bool(z.prefix_cache), checkpoint=checkpoint,
+                 desc=f"zero-shot {path.stem}").results

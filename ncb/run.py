@@ -7,10 +7,13 @@
    drawn from the valid test targets that have stress inputs.
 4. Each (interference, level): accuracy of the method's plain prediction on the perturbed inputs of
    each group, its drop from the clean accuracy (1 for valid targets, so drop = 1 - accuracy), the
-   gap high - low, with cluster-bootstrap 95 % intervals resampling subject entities.
+   gap high - low, with cluster-bootstrap 95 % intervals resampling subject entities (ncb.stress).
+5. method=zero_shot: the other settings of `zero_shot.settings` (ncb.settings: chain of thought,
+   reflection) on the group pool's clean statements and stress inputs, and the self-consistency of
+   every setting (ncb.self_consistency).
 
 Options are checked first (ncb.schema: types, booleans, ranges, templates, a writable results_dir).
-Outputs, `<results_dir>/<model>/<datapack>/ncb/<method>/`, written atomically and skipped when all three
+Outputs, `<results_dir>/<model>/<datapack>/ncb/<method>/`, written atomically and skipped when all
 exist (overwrite=true recomputes them, and re-extracts the stress store):
 
     targets.json  [{row, part, y, p_y, neighbour_rows, neighbour_p, ncb, ncb_arith, valid, group}, ...]
@@ -21,6 +24,7 @@ exist (overwrite=true recomputes them, and re-extracts the stress store):
                   accuracy_ci, drop, drop_ci}, low: {...}, gap, gap_ci, gap_p}, ...]}
     inputs.csv    one row per stress input: target_row, entity (its object_1), interference, level, p_y (the
                   probability of the target's correct label under that context), correct (plain prediction)
+    stress-<setting>.json, inputs-<setting>.csv, self_consistency.json   method=zero_shot (ncb.settings)
 """
 from __future__ import annotations
 
@@ -30,15 +34,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
-from evaluation.cells import atomic_write, write_json, write_record
-from evaluation.selective import bootstrap_p, cluster_bootstrap_indices
+from evaluation.cells import write_json, write_record
 from extract.errors import check_name
 from ncb.interference import perturbations
 from ncb.methods import Method, load_method, resolve
 from ncb.neighbourhoods import PARTS, ncb_scores, neighbourhoods, part_of_rows, select_groups
 from ncb.schema import validate
+from ncb.settings import output_paths, run_settings
+from ncb.stress import stress_results, write_csv
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ def run(cfg: DictConfig) -> list[Path]:
     out = Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / check_name(cfg.data.name, "data.name") \
         / "ncb" / name
     paths = [out / "targets.json", out / "stress.json", out / "inputs.csv"]
+    paths += output_paths(cfg, out) if cell is None else []
     if all(p.exists() for p in paths) and not cfg.overwrite:
         log.info("%s exists (overwrite=true recomputes it)", out)
         return paths
@@ -84,10 +89,13 @@ def run(cfg: DictConfig) -> list[Path]:
                           "group_pool": int(len(pool)),
                           "test_neighbourhood_sizes": neighbourhood_sizes(test)},
                "notes": notes, "results": results}
-    write_json(paths[0], targets.to_dict(orient="records"))
-    write_record(paths[1], summary, OmegaConf.to_container(cfg, resolve=True))
-    data = inputs.to_csv(index=False).encode()
-    atomic_write(paths[2], lambda f: f.write(data))
+    outputs = {paths[0]: (write_json, targets.to_dict(orient="records")),
+               paths[1]: (write_record, summary, OmegaConf.to_container(cfg, resolve=True)),
+               paths[2]: (write_csv, inputs)}
+    if cell is None:                          # zero-shot: the other settings and self-consistency
+        outputs.update(run_settings(method, cfg, frame, pool, by_row, groups, correct, out))
+    for path, (write, *arguments) in outputs.items():
+        write(path, *arguments)
     return paths
 
 
@@ -123,62 +131,3 @@ def method_counts(method: Method, targets: pd.DataFrame) -> dict:
     return {"task_rows": int(len(method.rows)), "not_scored": int(len(method.rows)) - scored,
             "no_neighbour": scored - int(len(targets)), "targets": int(len(targets)),
             "valid": int(targets["valid"].sum())}
-
-
-def stress_results(frame: pd.DataFrame, correct: np.ndarray, groups: dict, targets: pd.DataFrame,
-                   entities: np.ndarray, cfg: DictConfig) -> list[dict]:
-    """One entry per (interference, level, fraction), in the templates' order (see the module docstring).
-
-    frame: the stress inputs; correct bool [P] the plain prediction of each is right; groups {fraction:
-    (high rows, low rows)}; targets: belief_targets indexed by row; entities str [N] of the table."""
-    results = []
-    variants = [(i, str(level)) for i, levels in cfg.stress.interferences.items() for level in levels]
-    for interference, level in tqdm(variants, desc="stress bootstrap", unit="variant", leave=False):
-        chosen = ((frame["interference"] == interference) & (frame["level"] == level)).to_numpy()
-        ok = pd.Series(correct[chosen], index=frame["target_row"].to_numpy()[chosen])
-        for fraction, (high, low) in groups.items():
-            high, low = high[np.isin(high, ok.index)], low[np.isin(low, ok.index)]
-            stats = _accuracies(ok[high].to_numpy(), ok[low].to_numpy(), entities[high], entities[low],
-                                int(cfg.n_boot), int(cfg.seed))
-            for side, members in (("high", high), ("low", low)):
-                stats[side] = {"n": int(len(members)), "n_entities": int(len(set(entities[members]))),
-                               "p_y_mean": _mean(targets.loc[members, "p_y"]),
-                               "ncb_mean": _mean(targets.loc[members, "ncb"]), **stats[side]}
-            results.append({"interference": interference, "level": level, "fraction": fraction, **stats})
-    return results
-
-
-def _accuracies(high: np.ndarray, low: np.ndarray, high_entities, low_entities, n_boot: int, seed: int) -> dict:
-    """Accuracy of each group (bool arrays), clean accuracy 1, drop = 1 - accuracy, gap = high - low,
-    with percentile 95 % intervals from one cluster bootstrap over the entities of both groups, and the
-    gap's two-sided bootstrap p-value (gap_p, unadjusted)."""
-    values = np.concatenate([high, low]).astype(np.float64)
-    is_high = np.arange(len(values)) < len(high)
-    draws = []
-    if len(values):
-        for idx in cluster_bootstrap_indices(np.concatenate([high_entities, low_entities]), n_boot, seed):
-            h, lo = values[idx][is_high[idx]], values[idx][~is_high[idx]]
-            draws.append((h.mean() if len(h) else np.nan, lo.mean() if len(lo) else np.nan))
-    draws = np.asarray(draws, dtype=np.float64).reshape(-1, 2)
-
-    def interval(x):
-        x = x[~np.isnan(x)]
-        return [float(v) for v in np.percentile(x, [2.5, 97.5])] if len(x) else None
-
-    acc = [_mean(high), _mean(low)]
-    out = {}
-    for k, side in enumerate(("high", "low")):
-        ci = interval(draws[:, k])
-        out[side] = {"clean_accuracy": None if acc[k] is None else 1.0, "accuracy": acc[k], "accuracy_ci": ci,
-                     "drop": None if acc[k] is None else 1.0 - acc[k],
-                     "drop_ci": None if ci is None else [1.0 - ci[1], 1.0 - ci[0]]}
-    out["gap"] = None if None in acc else acc[0] - acc[1]
-    gaps = draws[:, 0] - draws[:, 1]
-    out["gap_ci"] = interval(gaps)
-    out["gap_p"] = None if out["gap"] is None else bootstrap_p(gaps[~np.isnan(gaps)])   # raw: Holm in the report
-    return out
-
-
-def _mean(x) -> float | None:
-    x = np.asarray(x, dtype=np.float64)
-    return float(x.mean()) if len(x) else None

@@ -16,21 +16,36 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from evaluation.tasks import TASKS
 from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
+from extract.schema import InputStoreOptions, ModelSchema, check_writable, option, threads_option, typed_options
 from ncb.interference import check_templates
 from zero_shot.prompts import get_enumeration
 
 Task = Enum("Task", {k: k for k in TASKS})
+SETTINGS = ("direct", "cot", "reflection")        # ncb.settings
+Setting = Enum("Setting", {k: k for k in SETTINGS})
 _HINTS = {"fractions": "a list of numbers in (0, 0.5), e.g. fractions=[0.05,0.2,0.35]",
           "balance_by_py": "true or false", "overwrite": "true or false", "n_bins": "a whole number >= 1",
           "clip": "a number in (0, 1), e.g. 1e-10", "n_boot": "a whole number >= 1", "seed": "a whole number",
           "split_seed": "a whole number", "zero_shot.task": f"one of {', '.join(TASKS)}",
           "zero_shot.batch_size": "a whole number >= 1", "zero_shot.save_every": "a whole number >= 1",
           "zero_shot.prefix_cache": "true or false", "extract.batch_tokens": "a whole number >= 1",
+          "zero_shot.settings": f"a list of {', '.join(SETTINGS)} holding direct, "
+                                "e.g. zero_shot.settings=[direct,cot]",
+          "zero_shot.rationale_tokens": "a whole number >= 1",
+          "zero_shot.self_consistency.temperature": "a number > 0, e.g. 0.7",
+          "zero_shot.self_consistency.n_samples": "a whole number >= 1",
+          "zero_shot.self_consistency.seed": "a whole number",
           "extract.window_mb": "a whole number >= 1", "model.instruct": "true or false",
           "stress.interferences": "{interference: {level: template}} with text levels, "
                                   "e.g. stress.interferences.peer.1='...'"}
 _MISSING_HINTS = {"method": "method=zero_shot or a probe's result cell, \"method='results/.../seed=<s>.json'\""}
+
+
+@dataclass
+class SelfConsistencyOptions:
+    temperature: float = option(0.7, "sampling temperature of the answers (and cot rationales) compared")
+    n_samples: int = option(30, "answers per target: unanimity of n (direct: exact, no sampling)")
+    seed: int = option(0, "seed of the sampled cot rationales and reflection first answers")
 
 
 @dataclass
@@ -40,21 +55,18 @@ class ZeroShotOptions:
     batch_size: int = option(16, "prompts per forward pass")
     save_every: int = option(8, "batches between checkpoints of the stress scores")
     prefix_cache: bool = option(True, "run the prompt's shared prefix once and reuse its key/value cache")
-
-
-@dataclass
-class ExtractOptions:
-    batch_tokens: int = option(4096, "probe methods: padded tokens per forward pass of the stress inputs")
-    window_tokens: Any = option("auto", "tokens per write of the stress store (as python -m extract)")
-    window_mb: int = option(512, "buffer memory per window of the stress store")
+    settings: list[Setting] = option([Setting.direct], "direct | cot (a rationale first) | reflection (a second "
+                                     "turn); direct always")
+    rationale_tokens: int = option(48, "cot: at most this many rationale tokens (greedy; stops at the turn's end)")
+    self_consistency: SelfConsistencyOptions = field(default_factory=SelfConsistencyOptions)
 
 
 @dataclass
 class StressOptions:
     neutral: str = option(MISSING, "the neutral passage; control = it cut to the next template's word count "
-                          "(text in conf/ncb.yaml)")
+                          "(text in conf/stress/)")
     interferences: dict[str, dict[str, str]] = option(MISSING, "{interference: {level: template}} with {false}, "
-                                                      "{true}, {neighbour} (templates in conf/ncb.yaml)")
+                                                      "{true}, {neighbour} (templates in conf/stress/)")
 
 
 @dataclass
@@ -74,7 +86,7 @@ class NCBSchema:
     results_dir: str = option("results", "<results_dir>/<model.name>/<data.name>/ncb/<method>/{targets,stress}.json")
     overwrite: bool = option(False, "recompute existing outputs (and re-extract the stress store)")
     zero_shot: ZeroShotOptions = field(default_factory=ZeroShotOptions)
-    extract: ExtractOptions = field(default_factory=ExtractOptions)
+    extract: InputStoreOptions = field(default_factory=InputStoreOptions)
     stress: StressOptions = field(default_factory=StressOptions)
 
 
@@ -89,8 +101,21 @@ def validate(cfg: DictConfig) -> DictConfig:
     if not 0 < checked["clip"] < 1:
         raise ToolkitError(f"clip={checked['clip']:g}: give {_HINTS['clip']} (the floor of every p before the "
                            "logarithms)")
-    for key in ("batch_size", "save_every"):
-        check_count(checked["zero_shot"][key], f"zero_shot.{key}")
+    z = checked["zero_shot"]
+    for key in ("batch_size", "save_every", "rationale_tokens"):
+        check_count(z[key], f"zero_shot.{key}")
+    check_count(z["self_consistency"]["n_samples"], "zero_shot.self_consistency.n_samples")
+    if not z["self_consistency"]["temperature"] > 0:
+        raise ToolkitError(f"zero_shot.self_consistency.temperature={z['self_consistency']['temperature']}: give "
+                           f"{_HINTS['zero_shot.self_consistency.temperature']}")
+    settings = z["settings"]
+    if "direct" not in settings or len(set(settings)) < len(settings):
+        raise ToolkitError(f"zero_shot.settings={settings}: give {_HINTS['zero_shot.settings']} (direct is the "
+                           "baseline the others are compared with), each once")
+    if settings != ["direct"] and checked["method"] != "zero_shot":
+        raise ToolkitError(f"zero_shot.settings={settings} is for method=zero_shot: a probe reads the statement "
+                           "directly; drop the option")
+    z["settings"] = [s for s in SETTINGS if s in settings]
     for key in ("batch_tokens", "window_mb"):
         check_count(checked["extract"][key], f"extract.{key}")
     if checked["extract"]["window_tokens"] != "auto":

@@ -52,6 +52,14 @@ class Features:
         offsets[1:] = torch.cumsum(lengths, 0)
         return Features(self.X[rows], offsets, groups)
 
+    def extend(self, other: "Features") -> "Features":
+        """These N statements followed by `other`'s (same representation): rows 0..N-1 are these, N.. other's
+        (groups concatenated where both have them, else None)."""
+        groups = None if self.groups is None or other.groups is None else np.concatenate([self.groups, other.groups])
+        if self.offsets is None:
+            return Features(torch.cat([self.X, other.X]), None, groups)
+        offsets = torch.cat([self.offsets, other.offsets[1:] + self.offsets[-1]])
+        return Features(torch.cat([self.X, other.X]), offsets, groups)
 
 
 def layer_features(store: ActivationStore, layer: int, representation: str, tokens: str = "statement") -> Features:

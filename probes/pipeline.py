@@ -3,6 +3,11 @@ scores to probabilities (evaluation.calibration, fitted on out-of-fold training 
 conformal sets on the calibration split, evaluate on test, and write one result cell per (model,
 datapack, method, task, split, layer, seed) (evaluation.cells). With several tasks (`tasks=[...]`)
 each layer is read once and its heads are fitted once for all of them (probes.fitting.HeadBank).
+
+With `augment=structure_aware | neutral` (conf/augment/) the heads are fitted on the training statements and
+on their copies under a context (ncb.augment: built from training statements only, extracted beside the
+store), each copy with its statement's target and entity group; calibration and test stay the clean
+statements. The cells go under <probe>+<kind> and record the augmentation (`augment`).
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -24,9 +30,10 @@ from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE
 from extract.store import ActivationStore, select_layers, store_path, store_summary
+from ncb.augment import Augmentation, augmentation
 from probes.artifacts import build_probe, calibrated_heads, write_probe_cell
 from probes.base import Probe, check_choice
-from probes.features import layer_features
+from probes.features import Features, layer_features
 from probes.fitting import CALIBRATIONS, HeadBank
 from probes.schema import validate
 from probes.trainer import trainer_logging
@@ -55,28 +62,62 @@ def train_probes(cfg: DictConfig) -> list[Path]:
         targets = {t: task_targets(labels, t) for t in tasks}   # every task checked before any fit
         split = split_of(store, cfg.split)
         groups = entity_groups(table)
+        augment = None if cfg.get("augment") is None else augmentation(
+            OmegaConf.to_container(cfg.augment, resolve=True), table, split,
+            OmegaConf.to_container(cfg.model, resolve=True), str(cfg.store_dir), int(cfg.seed), bool(cfg.overwrite))
         desc = f"{cfg.probe.name} {tasks[0] if len(tasks) == 1 else f'{len(tasks)} tasks'}"
         for k in tqdm(todo, desc=desc, unit="layer"):
             features = layer_features(store, k, template.representation, template.tokens)
             features.groups = groups
-            banks: dict[bytes, tuple[HeadBank, dict]] = {}   # one bank per set of statements
+            copies, note = np.zeros(0, dtype=np.int64), None   # copies: the clean row of each augmented row
+            if augment is not None:
+                features, copies, note = augmented_features(augment, store, split, k, template, features, cfg.data.name)
+            all_labels = np.concatenate([labels, labels[copies]])
+            banks: dict[bytes, tuple[HeadBank, dict, np.ndarray]] = {}   # one bank per set of statements
             fits_log = Path(cfg.results_dir, "logs", "lightning", cfg.model.name, cfg.data.name, cfg.probe.name,
                             f"layer={k}")
             for t in todo[k]:
                 rows, y = targets[t]
                 key = rows.tobytes()
                 if key not in banks:
-                    parts = {name: _positions(rows, getattr(split, name)) for name in ("train", "calibration", "test")}
-                    banks[key] = (HeadBank(template, features.subset(rows), labels[rows], parts["train"],
-                                           _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)), parts)
-                bank, parts = banks[key]
+                    bank_rows, parts, copied = training_rows(rows, split, copies, len(labels))
+                    banks[key] = (HeadBank(template, features.subset(bank_rows), all_labels[bank_rows], parts["train"],
+                                           _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)), parts, copied)
+                bank, parts, copied = banks[key]
                 with trainer_logging(cfg.trainer.logger, fits_log):
-                    cell, heads = task_cell(cfg, t, bank, y, parts, head_classes(t), k, split.summary(),
-                                            store_summary(store))
+                    cell, heads = task_cell(cfg, t, bank, np.concatenate([y, y[copied]]), parts, head_classes(t), k,
+                                            split.summary(), store_summary(store))
                 cell["metrics"].update(datapack_metrics(cfg.data.name, t, table, rows[parts["test"]],
                                                         cell["test"]["probs"], cfg.seed, cfg.n_boot))
+                if augment is not None:
+                    cell["method"]["augment"] = augment.kind
+                    cell["augment"] = {**note, "n_training_inputs": int(len(copied))}
                 write_probe_cell(paths[t, k], cell, heads)
     return [paths[t, k] for k in layers for t in tasks]
+
+
+def augmented_features(augment: Augmentation, store: ActivationStore, split, layer: int, template: Probe,
+                       features: Features, datapack: str) -> tuple[Features, np.ndarray, dict]:
+    """(the N clean statements' features followed by the A augmented inputs' (grouped with their statement),
+    int [A] the clean row of each augmented input, the cells' `augment` record); the inputs extracted at
+    `layer` first if their store is not complete (ncb.augment)."""
+    extra = augment.store(store, split, layer, datapack)
+    more = layer_features(extra, layer, template.representation, template.tokens)
+    copies = augment.frame["target_row"].to_numpy(dtype=np.int64)
+    more.groups = features.groups[copies]
+    return features.extend(more), copies, augment.summary(extra)
+
+
+def training_rows(rows: np.ndarray, split, copies: np.ndarray, n: int) -> tuple[np.ndarray, dict, np.ndarray]:
+    """The statements a task's bank holds: its rows (int [M] of the N clean statements), then the augmented
+    inputs (rows n + i of the features) whose clean row copies[i] is one of them, which join the training
+    part. Returns (bank rows [M + A'], the parts' positions among them, int [A'] the position among `rows`
+    of each of those inputs' statement); without augmented inputs, (rows, the split's parts, [])."""
+    parts = {name: _positions(rows, getattr(split, name)) for name in ("train", "calibration", "test")}
+    kept = np.flatnonzero(np.isin(copies, rows))
+    parts["train"] = np.concatenate([parts["train"], len(rows) + np.arange(len(kept))])
+    position = pd.Series(np.arange(len(rows)), index=rows)
+    return np.concatenate([rows, n + kept]), parts, position[copies[kept]].to_numpy(dtype=np.int64)
 
 
 _SPLITS: dict[tuple, object] = {}
@@ -108,9 +149,11 @@ def head_classes(task: str) -> list[int]:
 
 
 def method_name(cfg: DictConfig) -> str:
-    """The cells' folder (evaluation.cells.method_name): the probe name, +out_of_fold / +in_sample /
-    +reference for the non-default calibration / conformal procedures."""
-    return cells.method_name(cfg.probe.name, check_choice("calibration", cfg.calibration, CALIBRATIONS),
+    """The cells' folder (evaluation.cells.method_name): the probe name, +structure_aware / +neutral for an
+    augmented fit, +out_of_fold / +in_sample / +reference for the non-default calibration / conformal
+    procedures."""
+    base = cfg.probe.name if cfg.get("augment") is None else f"{cfg.probe.name}+{cfg.augment.kind}"
+    return cells.method_name(base, check_choice("calibration", cfg.calibration, CALIBRATIONS),
                              check_procedure(cfg.conformal.name, cfg.mondrian))
 
 

@@ -10,20 +10,24 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from extract.errors import ToolkitError, check_count
-from extract.schema import check_writable, option, threads_option, typed_options
+from extract.schema import InputStoreOptions, check_writable, option, threads_option, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
 TrainerLogger = Enum("TrainerLogger", {k: k for k in ("csv", "tensorboard")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
+AUGMENTS = ("structure_aware", "neutral")     # train_probe augment=<kind> (ncb.augment; conf/augment/)
+AugmentKind = Enum("AugmentKind", {k: k for k in AUGMENTS})
 _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",
           "calibration_folds": "a whole number >= 2", "bootstrap": "cluster or iid",
           "calibration": "out_of_fold, out_of_fold_cv or in_sample", "trainer.accelerator": "auto, cpu or gpu",
-          "trainer.logger": "csv, tensorboard or null"}
+          "trainer.logger": "csv, tensorboard or null", "augment.kind": f"one of {', '.join(AUGMENTS)}",
+          "augment.per_statement": "a whole number >= 1, or null for every context",
+          "augment.extract.batch_tokens": "a whole number >= 1", "augment.extract.window_mb": "a whole number >= 1"}
 APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
                "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)",
                "device": "auto, cpu, cuda or mps"}
@@ -35,6 +39,16 @@ class TrainerSchema:
     logger: Optional[TrainerLogger] = option(None, "Lightning's csv | tensorboard logger for the mlp fits' losses, "
                                              "under <results_dir>/logs/lightning/<model>/<datapack>/<probe>/layer=<k>/"
                                              "; null: none")
+
+
+@dataclass
+class AugmentSchema:
+    """The `augment` group (conf/augment/; absent without augment=, so plain runs' cells do not change)."""
+    kind: AugmentKind = option(MISSING, "structure_aware: stress contexts from training statements; neutral: the "
+                               "neutral passage at the same lengths")
+    per_statement: Optional[int] = option(None, "inputs kept per training statement (drawn with seed=); null: all")
+    extract: InputStoreOptions = field(default_factory=InputStoreOptions)
+    stress: Any = option(MISSING, "the contexts' templates and neutral passage (conf/stress/)")
 
 
 @dataclass
@@ -59,6 +73,7 @@ class TrainProbeSchema:
     overwrite: bool = option(False, "recompute cells that exist")
     threads: Any = threads_option()
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    augment: Optional[AugmentSchema] = option(None, "augment=structure_aware | neutral (a config group)")
 
 
 @dataclass
@@ -93,6 +108,14 @@ def validate(cfg: DictConfig) -> DictConfig:
     if checked["trainer"]["accelerator"] in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ToolkitError(f"trainer.accelerator={checked['trainer']['accelerator']} but no GPU is visible: use "
                            "trainer.accelerator=cpu (or auto)")
+    augment = checked.pop("augment")
+    if augment is not None:     # kept only when chosen: a plain run's config (and cells) hold no augment key
+        check_count(augment["per_statement"], "augment.per_statement", none_ok=True)
+        for key in ("batch_tokens", "window_mb"):
+            check_count(augment["extract"][key], f"augment.extract.{key}")
+        if augment["extract"]["window_tokens"] != "auto":
+            check_count(augment["extract"]["window_tokens"], "augment.extract.window_tokens")
+        checked["augment"] = augment
     if checked["trainer"]["logger"] is not None:
         from probes.trainer import check_logger
 

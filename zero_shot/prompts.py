@@ -182,11 +182,20 @@ class PromptRenderer:
         return self._apply(messages, True) != self._apply(messages, False)
 
     # -------------------------------------------------------------------------- rendering
-    def text(self, statement: str) -> str:
-        """The full prompt text; it ends with the continuation (e.g. "... is number ")."""
+    def text(self, statement: str, follow_up: tuple[str, str] | None = None) -> str:
+        """The full prompt text; it ends with the continuation (e.g. "... is number ").
+
+        follow_up = (label, question): a second turn (ncb's reflection setting): the first answer
+        "<continuation><label>." as the assistant's turn, `question` as the next user turn, then the
+        assistant's second turn opened with the continuation (base models: the same as plain text,
+        "<label>.", a blank line, "<question> <continuation>")."""
         if not self.use_chat_template:
-            return base_prompt(statement, self.enum)
+            text = base_prompt(statement, self.enum)
+            return text if follow_up is None else f"{text}{follow_up[0]}.\n\n{follow_up[1]} {self.enum.continuation}"
         messages = chat_messages(statement, self.enum, self.fold_system)
+        if follow_up is not None:
+            messages += [{"role": "assistant", "content": f"{self.enum.continuation}{follow_up[0]}."},
+                         {"role": "user", "content": follow_up[1]}]
         if self.assistant_header == "generation_prompt":
             head = self._apply(messages, True)
         else:

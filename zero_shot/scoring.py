@@ -134,11 +134,12 @@ def option_matrix(option_ids: list[list[int]], vocab_size: int) -> torch.Tensor:
 
 class PromptScorer:
     """The reduction of extract.scorer.score for prompts (token ids): a batch -> float32 [B, 7] option
-    probabilities at each prompt's last token (the LM head sees only that one)."""
+    probabilities at each prompt's last token (the LM head sees only that one), of softmax(logits /
+    temperature): at temperature T, the probability that an answer sampled at T is each option."""
     shape, dtype, keep = (N_COLUMNS,), np.float32, 1     # the prefix leaves each prompt's last token
 
-    def __init__(self, model, option_ids, device: torch.device):
-        self.model = model
+    def __init__(self, model, option_ids, device: torch.device, temperature: float = 1.0):
+        self.model, self.temperature = model, float(temperature)
         self.reduce = option_matrix(option_ids, model.get_output_embeddings().weight.shape[0]).to(device)
 
     def __call__(self, forward, batch_ids: list[np.ndarray], index: np.ndarray) -> np.ndarray:
@@ -146,7 +147,7 @@ class PromptScorer:
         with LastTokenLogits(self.model) as head:
             head.last = torch.tensor([len(x) - p - 1 for x in batch_ids])
             logits = forward.forward([x[p:] for x in batch_ids])
-        probs = torch.softmax(logits[:, -1, :].float(), dim=-1)
+        probs = torch.softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
         if probs.shape[-1] != self.reduce.shape[0]:
             raise ZeroShotError(f"logits have {probs.shape[-1]} entries, the LM head {self.reduce.shape[0]} rows")
         return (probs @ self.reduce).cpu().numpy()
