@@ -13,10 +13,11 @@ from typing import Callable, Sequence
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 
 from extract.config import compose_config
-from extract.statements import load_statements
+from extract.statements import DATA_DIR, load_statements
 from extract.store import KIND_SPECIAL, KIND_STATEMENT
 from extract.store_writer import create_store
 
@@ -26,6 +27,17 @@ probe_config = partial(compose_config, "train_probe")
 
 
 # ------------------------------------------------------------------------ entry points, configs
+def whole_cities_csv(path: Path, n_real: int, n_synthetic: int) -> Path:
+    """A city_locations CSV datapack at `path`: every statement about the first `n_real` real and `n_synthetic`
+    synthetic cities (whole subjects, table order)."""
+    parts = []
+    for name, n in (("city_locations.csv", n_real), ("city_locations_synthetic.csv", n_synthetic)):
+        table = pd.read_csv(DATA_DIR / name, dtype=str, keep_default_na=False)
+        parts.append(table[table["object_1"].isin(table["object_1"].drop_duplicates().iloc[:n])])
+    pd.concat(parts).to_csv(path, index=False)
+    return path
+
+
 def run_module(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m <module> args` from the repository root, its Hydra run folder under `cwd`."""
     return subprocess.run([sys.executable, "-m", module, *args, f"hydra.run.dir={cwd / 'logs'}"], cwd=ROOT,

@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 from evaluation.splits import make_split
 from extract.capture import render
 from extract.config import compose_config
-from extract.statements import DATA_DIR, load_statements
+from extract.statements import load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT
 from ncb.interference import perturbations
 from ncb.neighbourhoods import ncb_scores, neighbourhoods, part_of_rows, py_bins, select_groups
-from tests.helpers import assert_one_error_line, run_module
+from tests.helpers import assert_one_error_line, run_module, whole_cities_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,11 +108,7 @@ def tiny_run(tmp_path_factory):
     from probes.pipeline import train_probes
 
     root = tmp_path_factory.mktemp("ncb")
-    real = pd.read_csv(DATA_DIR / "city_locations.csv", dtype=str, keep_default_na=False)
-    fake = pd.read_csv(DATA_DIR / "city_locations_synthetic.csv", dtype=str, keep_default_na=False)
-    subset = pd.concat([real[real["object_1"].isin(real["object_1"].drop_duplicates().iloc[:40])],
-                        fake[fake["object_1"].isin(fake["object_1"].drop_duplicates().iloc[:10])]])
-    subset.to_csv(root / "cities.csv", index=False)
+    whole_cities_csv(root / "cities.csv", 40, 10)
     dirs = [f"store_dir={root / 'activations'}"]
     extract(compose_config("extract", "model=tiny", "data=csv", f"data.path={root / 'cities.csv'}",
                            "data.name=city_locations", *dirs))

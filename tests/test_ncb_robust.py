@@ -18,11 +18,12 @@ from evaluation.selective import cluster_bootstrap_indices
 from evaluation.splits import Split, make_split
 from extract.config import compose_config
 from extract.errors import ToolkitError
-from extract.statements import DATA_DIR, load_statements
+from extract.statements import load_statements
 from ncb.augment import training_inputs
 from ncb.interference import as_clause, control_text
 from probes.features import Features
 from probes.pipeline import training_rows
+from tests.helpers import whole_cities_csv
 
 DATAPACKS = ("city_locations", "med_indications", "word_definitions")
 
@@ -302,11 +303,7 @@ def test_augmented_probes_train_on_the_tiny_model_and_ncb_compares_them(tmp_path
     from ncb.run import run
     from probes.pipeline import train_probes
 
-    real = pd.read_csv(DATA_DIR / "city_locations.csv", dtype=str, keep_default_na=False)
-    fake = pd.read_csv(DATA_DIR / "city_locations_synthetic.csv", dtype=str, keep_default_na=False)
-    pd.concat([real[real["object_1"].isin(real["object_1"].drop_duplicates().iloc[:30])],
-               fake[fake["object_1"].isin(fake["object_1"].drop_duplicates().iloc[:6])]]).to_csv(tmp_path / "c.csv",
-                                                                                                 index=False)
+    whole_cities_csv(tmp_path / "c.csv", 30, 6)
     dirs = [f"store_dir={tmp_path / 'activations'}", f"results_dir={tmp_path / 'results'}"]
     extract(compose_config("extract", "model=tiny", "data=csv", f"data.path={tmp_path / 'c.csv'}",
                            "data.name=city_locations", dirs[0]))

@@ -9,17 +9,16 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from extract.config import compose_config
 from extract.errors import ToolkitError
-from extract.statements import DATA_DIR
 from ncb.methods import QUESTION
 from ncb.self_consistency import agreement, draw_first_answers
 from ncb.settings import COT, REFLECT, Answerer
 from ncb.stress import _accuracies
+from tests.helpers import whole_cities_csv
 from tests.test_entry_faults import cli, killed_run
 from zero_shot.prompts import chat_messages, get_enumeration
 from zero_shot.scoring import option_matrix
@@ -163,11 +162,7 @@ def test_settings_options_are_refused_in_one_line(tmp_path, option, needle):
 
 @pytest.mark.slow
 def test_settings_resume_after_sigkill_identical(tmp_path):
-    real = pd.read_csv(DATA_DIR / "city_locations.csv", dtype=str, keep_default_na=False)
-    fake = pd.read_csv(DATA_DIR / "city_locations_synthetic.csv", dtype=str, keep_default_na=False)
-    pd.concat([real[real["object_1"].isin(real["object_1"].drop_duplicates().iloc[:8])],
-               fake[fake["object_1"].isin(fake["object_1"].drop_duplicates().iloc[:2])]]).to_csv(
-        tmp_path / "cities.csv", index=False)
+    whole_cities_csv(tmp_path / "cities.csv", 8, 2)
     common = ["model=tiny", "data=csv", f"data.path={tmp_path / 'cities.csv'}", "data.name=mini", "method=zero_shot",
               "n_boot=20", "zero_shot.batch_size=4", "zero_shot.save_every=1", "zero_shot.task=true_vs_false",
               "zero_shot.settings=[direct,cot,reflection]", "zero_shot.rationale_tokens=4",

@@ -7,7 +7,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -17,10 +16,10 @@ from evaluation.provenance import PACKAGES, config_hash
 from extract.config import compose_config
 from extract.models import gguf_checkpoint
 from extract.run import extract
-from extract.statements import DATA_DIR
 from extract.store import ActivationStore, store_path
 from ncb.run import run as run_ncb
 from probes.pipeline import train_probes
+from tests.helpers import whole_cities_csv
 from truthfulqa.run import run as run_truthfulqa
 from zero_shot.run import run as run_zero_shot
 
@@ -32,11 +31,7 @@ KEYS = {"git_commit", "git_dirty", "toolkit_version", "python", "packages", "com
 def outputs(tmp_path_factory) -> dict[str, dict]:
     """One output of each entry point, on a tiny-model store of 30 real and 8 synthetic cities."""
     root = tmp_path_factory.mktemp("provenance")
-    real = pd.read_csv(DATA_DIR / "city_locations.csv", dtype=str, keep_default_na=False)
-    fake = pd.read_csv(DATA_DIR / "city_locations_synthetic.csv", dtype=str, keep_default_na=False)
-    pd.concat([real[real["object_1"].isin(real["object_1"].drop_duplicates().iloc[:30])],
-               fake[fake["object_1"].isin(fake["object_1"].drop_duplicates().iloc[:8])]]).to_csv(root / "c.csv",
-                                                                                                index=False)
+    whole_cities_csv(root / "c.csv", 30, 8)
     dirs = [f"store_dir={root / 'activations'}", f"results_dir={root / 'results'}"]
     extract(compose_config("extract", "model=tiny", "data=csv", f"data.path={root / 'c.csv'}",
                            "data.name=city_locations", "layers=[2]", dirs[0]))
