@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -61,6 +62,18 @@ def _git_state() -> tuple[str | None, bool | None]:
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return None, None
+
+
+@functools.cache
+def host() -> str:
+    """This machine in words: operating system, architecture, CPU model and core count."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.system()} {platform.machine()}, {cpu or 'CPU'}, {os.cpu_count()} cores"
 
 
 @functools.cache

@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -42,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cells import CellError, read_cell
+from evaluation.provenance import host
 from experiments.plots import legend_below, pyplot
 from experiments.tables import best_layers, layer_table, load_cells
 from extract.errors import check_name
@@ -234,21 +233,12 @@ def _provenance_line(path: Path, r: dict) -> str:
     commit = (prov.get("git_commit") or "unknown")[:10] + (" (uncommitted changes)" if prov.get("git_dirty") else "")
     seconds = r.get("seconds")
     wall = sum(seconds.values()) if isinstance(seconds, dict) else seconds
-    machine = r.get("machine") or f"{_this_machine()} (not recorded in the file: the machine this page was made on)"
+    machine = r.get("machine") or f"{host()} (not recorded in the file: the machine this page was made on)"
     return (f"Provenance: commit {commit}; written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(path.stat().st_mtime))}; "
             f"command `{' '.join(prov.get('command', ['?']))}`; machine {machine}; "
             f"{wall / 60:.1f} min of work in the run that finished it"
             + (f" (resumed after {r['resumed_after_requests']} prompts)" if r.get("resumed_after_requests") else "")
             + f"; model {r.get('model_label')}.")
-
-
-def _this_machine() -> str:
-    cpu = platform.processor() or ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.system()} {platform.machine()}, {cpu or 'CPU'}, {os.cpu_count()} cores"
 
 
 def _fmt_ci(value, ci, signed=False, scale=1.0, digits=3) -> str:

@@ -71,19 +71,12 @@ def decoding_tag(gen) -> str:
 
 def machine(loaded) -> str:
     """Where a run ran, as results record it: device, CPU model, cores, torch threads."""
-    import os
-    import platform
-
     import torch
 
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from evaluation.provenance import host
+
     gpu = f" ({torch.cuda.get_device_name(loaded.device)})" if loaded.device.type == "cuda" else ""
-    return (f"{loaded.device}{gpu}; {platform.system()} {platform.machine()}, {cpu or 'CPU'}, {os.cpu_count()} cores, "
-            f"{torch.get_num_threads()} torch threads")
+    return f"{loaded.device}{gpu}; {host()}, {torch.get_num_threads()} torch threads"
 
 
 def select_questions(cfg: DictConfig) -> list[Question]:

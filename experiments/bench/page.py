@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 
 from evaluation.cells import atomic_write
-from evaluation.provenance import provenance
+from evaluation.provenance import host, provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = "{work}/activations/smollm2/city_locations.h5"
@@ -63,11 +62,8 @@ PROGRESS = re.compile(r"\d+/\d+ \[|it/s\]|s/it\]|stmt/s")
 
 
 def machine() -> str:
-    """CPU model and count, and the load average, in one phrase."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or "CPU") \
-        if Path("/proc/cpuinfo").exists() else platform.processor()
-    return f"{os.cpu_count()} x {model}, load average {os.getloadavg()[0]:.1f} at the start"
+    """This machine and its load average, in one phrase."""
+    return f"{host()}, load average {os.getloadavg()[0]:.1f} at the start"
 
 
 def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
