@@ -12,6 +12,10 @@
                        the same stress inputs: the test targets both get right on the clean statement, the
                        accuracy of each under every context and the paired difference probe - zero-shot, its
                        bootstrap p raw and Holm-adjusted over the family of every row of the table
+    self_consistency.csv / .md
+                       per zero-shot method and setting: perfectly self-consistent targets and their collapse
+                       under each context (ncb.self_consistency); the other settings' stress results are rows of
+                       ncb.csv / ncb.md as methods `<method> [cot]`, `<method> [reflection]`
     ncb_robust.csv / .md, ncb_robust_clean.csv / .md
                        probes trained with augment=structure_aware / neutral against the plain probe and each
                        other on the same test targets (experiments/ncb_robust.py)
@@ -36,13 +40,18 @@ QUANTITY = ("peer", "peer_truth")  # interferences whose level is a count k
 
 
 def load_stress(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
-    """One row per (method, interference, level, fraction) of every stress.json of the model and datapack."""
+    """One row per (method, interference, level, fraction) of every stress.json of the model and datapack, and
+    of every other zero-shot setting's stress-<setting>.json (method `<method> [<setting>]`)."""
     folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
     rows = []
     for path in sorted(folder.glob("*/stress.json")):
         summary = json.loads(path.read_text())
-        for r in summary["results"]:
-            row = {"method": summary["method"], "kind": summary["info"]["kind"], "interference": r["interference"],
+        runs = [(summary["method"], summary["results"])]
+        for setting in sorted(path.parent.glob("stress-*.json")):
+            other = json.loads(setting.read_text())
+            runs.append((f"{summary['method']} [{other['setting']}]", other["results"]))
+        for method, r in ((m, r) for m, results in runs for r in results):
+            row = {"method": method, "kind": summary["info"]["kind"], "interference": r["interference"],
                    "level": r["level"], "fraction": r["fraction"], "gap": r["gap"], "gap_p_raw": r.get("gap_p")}
             row["gap_lo"], row["gap_hi"] = r["gap_ci"] or (None, None)
             for side in ("high", "low"):
@@ -75,7 +84,42 @@ def write_ncb(results_dir, out_dir, model: str, datapack: str, fraction: float =
         paths += [out / "ncb_internal_vs_behaviour.csv", out / "ncb_internal_vs_behaviour.md"]
         versus.to_csv(paths[3], index=False)
         paths[4].write_text(_versus_markdown(versus))
+    consistency = self_consistency_table(results_dir, model, datapack)
+    if not consistency.empty:
+        paths += [out / "self_consistency.csv", out / "self_consistency.md"]
+        consistency.to_csv(paths[-2], index=False)
+        paths[-1].write_text(_consistency_markdown(consistency))
     return paths + write_robust(results_dir, out, model, datapack)
+
+
+def self_consistency_table(results_dir, model: str, datapack: str) -> pd.DataFrame:
+    """One row per (zero-shot method, setting) of every self_consistency.json (ncb.self_consistency): the pool's
+    targets, those the setting answers right on the clean statement, the perfect ones among them and the
+    expected number of unanimous pools, then per (interference, level) how many perfect targets collapse
+    (`collapsed <interference> <level>`: collapsed / n)."""
+    folder = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data") / "ncb"
+    rows = []
+    for path in sorted(folder.glob("*/self_consistency.json")):
+        record = json.loads(path.read_text())
+        for setting, s in record["settings"].items():
+            row = {"method": record["method"], "setting": setting, "temperature": record["temperature"],
+                   "n_samples": record["n_samples"], **s["counts"]}
+            row.update({f"collapsed {c['interference']} {c['level']}": f"{c['collapsed']} / {c['n']}"
+                        for c in s["collapse"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _consistency_markdown(table: pd.DataFrame) -> str:
+    lines = ["Self-consistency (ncb.self_consistency): perfect = n answers at the temperature agree with probability "
+             ">= 1/2, counted among the group pool's targets that the setting answers right on the clean statement; "
+             "collapsed = perfect targets whose answer under the context is wrong / perfect targets with that "
+             "context. Counts only: no test, so no multiplicity correction.", "",
+             "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    for _, r in table.iterrows():
+        lines.append("| " + " | ".join("-" if pd.isna(v) else f"{v:.3g}" if isinstance(v, float) else str(v)
+                                       for v in r) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

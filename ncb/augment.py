@@ -72,8 +72,8 @@ class Augmentation:
     def store(self, clean: ActivationStore, split: Split, layer: int, datapack: str) -> ActivationStore:
         """The inputs extracted at `layer` (resumed, or kept when complete) in the clean store's dtype, checked
         to be of the clean store's model and to hold the inputs in frame order."""
-        name = input_store_name(datapack, self.name, split, layer)
-        store = extract_inputs(self.frame, name, self.model, self.store_dir, layer, clean.attrs["dtype"],
+        name = input_store_name(datapack, self.name, split, [layer])
+        store = extract_inputs(self.frame, name, self.model, self.store_dir, [layer], clean.attrs["dtype"],
                                self.overwrite, self.options)
         check_same_model(store_summary(clean), store_summary(store), str(store.path))
         if not np.array_equal(store.table["statement"].to_numpy(), self.frame["statement"].to_numpy()):

@@ -4,8 +4,8 @@ stress inputs (ncb.interference) the same way.
 
 Probe: the cell's task, split and layer. The clean statements are read from the datapack's store; the
 stress inputs are extracted (extract.run.extract, resumable) into
-`<store_dir>/<model>/<datapack>.ncb-stress.<split>-seed<s>.L<layer>.h5` (its CSV beside it; only that
-layer, in the clean store's dtype) and read with the probe's own representation and tokens
+`<store_dir>/<model>/<datapack>.ncb-stress.<split>-seed<s>.L<layer>[-<layer>...].h5` (its CSV beside it; the
+probe's layer and those of `stress_layers=`, in the clean store's dtype) and read with the probe's own representation and tokens
 (tokens=statement: the target's tokens only, never the context's).
 
 Zero-shot: the probabilities of zero_shot.run.task_view (task `zero_shot.task`, multiclass by default:
@@ -118,11 +118,16 @@ def probe_method(cfg: DictConfig, cell: dict) -> Method:
     task = cell["config"]["task"]["name"]
     rows, y = task_targets(table["label"].to_numpy(), task)
     layer = int(probe.layer)
+    missing = sorted(set(cfg.stress_layers) - set(clean.layers))
+    if missing:
+        raise NCBError(f"stress_layers={list(cfg.stress_layers)}: layer(s) {missing} are not in {clean.path}; give "
+                       "layers of the clean store")
     probs = probe.predict_proba(layer_features(clean, layer, probe.representation, probe.tokens))[rows]
 
     def score_stress(frame: pd.DataFrame) -> tuple[np.ndarray, dict]:
-        stressed = extract_inputs(frame, input_store_name(cfg.data.name, "ncb-stress", split, layer),
-                                  OmegaConf.to_container(cfg.model, resolve=True), cfg.store_dir, layer,
+        layers = [layer, *cfg.stress_layers]
+        stressed = extract_inputs(frame, input_store_name(cfg.data.name, "ncb-stress", split, layers),
+                                  OmegaConf.to_container(cfg.model, resolve=True), cfg.store_dir, layers,
                                   clean.attrs["dtype"], bool(cfg.overwrite), OmegaConf.to_container(cfg.extract, resolve=True))
         check_same_model(probe.store, store_summary(stressed), str(stressed.path))
         differ = statement_tokens_differ(clean, stressed, frame["target_row"].to_numpy())

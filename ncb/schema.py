@@ -26,7 +26,7 @@ Setting = Enum("Setting", {k: k for k in SETTINGS})
 _HINTS = {"fractions": "a list of numbers in (0, 0.5), e.g. fractions=[0.05,0.2,0.35]",
           "balance_by_py": "true or false", "overwrite": "true or false", "n_bins": "a whole number >= 1",
           "clip": "a number in (0, 1), e.g. 1e-10", "n_boot": "a whole number >= 1", "seed": "a whole number",
-          "split_seed": "a whole number", "zero_shot.task": f"one of {', '.join(TASKS)}",
+          "split_seed": "a whole number", "stress_layers": "a list of layers, e.g. stress_layers=[15,20]", "zero_shot.task": f"one of {', '.join(TASKS)}",
           "zero_shot.batch_size": "a whole number >= 1", "zero_shot.save_every": "a whole number >= 1",
           "zero_shot.prefix_cache": "true or false", "extract.batch_tokens": "a whole number >= 1",
           "zero_shot.settings": f"a list of {', '.join(SETTINGS)} holding direct, "
@@ -82,6 +82,8 @@ class NCBSchema:
     seed: int = option(0, "bootstrap seed")
     split_seed: int = option(0, "entity_disjoint split seed of zero_shot (as python -m zero_shot)")
     store_dir: str = option("activations", "clean store <store_dir>/<model>/<datapack>.h5; stress stores beside it")
+    stress_layers: list[int] = option([], "layers the stress store holds besides the probe's own: probes of the same "
+                                      "task and split at any of them reuse its one extraction")
     threads: Any = threads_option()
     results_dir: str = option("results", "<results_dir>/<model.name>/<data.name>/ncb/<method>/{targets,stress}.json")
     overwrite: bool = option(False, "recompute existing outputs (and re-extract the stress store)")
@@ -116,6 +118,9 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ToolkitError(f"zero_shot.settings={settings} is for method=zero_shot: a probe reads the statement "
                            "directly; drop the option")
     z["settings"] = [s for s in SETTINGS if s in settings]
+    if checked["stress_layers"] and checked["method"] == "zero_shot":
+        raise ToolkitError(f"stress_layers={checked['stress_layers']} is for a probe method: the zero-shot prompt "
+                           "stores no activations; drop the option")
     for key in ("batch_tokens", "window_mb"):
         check_count(checked["extract"][key], f"extract.{key}")
     if checked["extract"]["window_tokens"] != "auto":

@@ -261,3 +261,38 @@ def test_ncb_gaps_are_holm_adjusted_per_method_where_stress_records_their_p(tmp_
     assert a["gap_significant_holm"].tolist() == [True, False, False]
     md = _markdown(table)
     assert "| 0.01 / 0.03 | yes |" in md and md.count("| - | - |") == 2
+
+
+def test_other_settings_are_their_own_holm_family_and_self_consistency_is_tabulated(tmp_path):
+    """A zero-shot folder's stress-cot.json rows are the method `<method> [cot]`, Holm-adjusted apart from the
+    direct setting's; self_consistency.json becomes one row per setting with its collapse counts."""
+    from evaluation.selective import holm
+    from experiments.ncb_report import write_ncb
+
+    side = {"n": 10, "p_y_mean": 0.8, "accuracy": 0.7, "drop": 0.3, "accuracy_ci": [0.5, 0.9]}
+    folder = tmp_path / "m" / "d" / "ncb" / "zs"
+    folder.mkdir(parents=True)
+
+    def results(ps):
+        return [{"interference": "peer", "level": str(k), "fraction": 0.2, "gap": 0.1, "gap_ci": [-0.1, 0.3],
+                 "gap_p": p, "high": side, "low": side} for k, p in enumerate(ps)]
+
+    (folder / "stress.json").write_text(json.dumps({"method": "zs", "info": {"kind": "zero_shot"},
+                                                    "results": results([0.01, 0.02])}))
+    (folder / "stress-cot.json").write_text(json.dumps({"setting": "cot", "method": "zs", "results": results([0.04])}))
+    counts = {"targets": 9, "clean_correct": 8, "perfect": 3, "expected_unanimous": 2.5}
+    (folder / "self_consistency.json").write_text(json.dumps({
+        "method": "zs", "temperature": 0.7, "n_samples": 30, "settings": {
+            "direct": {"counts": counts, "collapse": [{"interference": "peer", "level": "5", "n": 3, "collapsed": 2,
+                                                       "rate": 2 / 3}], "results": []},
+            "cot": {"counts": {**counts, "perfect": 0}, "collapse": [], "results": []}}}))
+    paths = write_ncb(tmp_path, tmp_path / "out", "m", "d")
+    table = pd.read_csv(tmp_path / "out" / "ncb.csv")
+    assert table["method"].tolist() == ["zs", "zs", "zs [cot]"]
+    np.testing.assert_allclose(table["gap_p_holm"][:2], holm(np.array([0.01, 0.02])))
+    assert table["gap_p_holm"].iloc[2] == pytest.approx(0.04)           # a family of one: not adjusted by direct's
+    consistency = pd.read_csv(tmp_path / "out" / "self_consistency.csv")
+    assert consistency[["setting", "perfect"]].values.tolist() == [["direct", 3], ["cot", 0]]
+    assert consistency["collapsed peer 5"].tolist()[0] == "2 / 3"
+    assert "| zs | direct | 0.7 | 30 | 9 | 8 | 3 | 2.5 | 2 / 3 |" in (tmp_path / "out" / "self_consistency.md").read_text()
+    assert {p.name for p in paths} >= {"ncb.csv", "self_consistency.csv", "self_consistency.md"}
