@@ -20,6 +20,7 @@ import os
 import platform
 import subprocess
 import sys
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
@@ -62,6 +63,13 @@ def _git_state() -> tuple[str | None, bool | None]:
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return None, None
+
+
+def page_stamp() -> str:
+    """The provenance phrase of a generated page: `commit <short hash>[ (modified)], <UTC date and time> UTC`."""
+    commit, dirty = _git_state()
+    return (f"commit {(commit or 'outside a git checkout')[:7]}{' (modified)' if dirty else ''}, "
+            f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
 @functools.cache

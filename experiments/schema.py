@@ -66,3 +66,24 @@ class CrossModelSchema:
     n_boot: int = option(1000, "resamples of every bootstrap interval")
     results_dir: str = option("results", "the result cells read")
     reports_dir: str = option("reports", "writes <reports_dir>/cross_model/ (whole or not at all)")
+    page_dir: Optional[str] = option(None, "also the results page there (claims.md with its provenance line, "
+                                     "claims.csv, the depth figures), e.g. page_dir=docs/results/claims")
+
+
+@dataclass
+class NCBStudySchema:
+    """`python -m experiments.ncb_study`'s options (conf/ncb_study.yaml)."""
+    models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
+    datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
+    probes: list[str] = option(["linear", "mean_diff", "mlp"], "the probes swept and stress-tested, each at its best "
+                               "calibration layer")
+    task: str = option("true_vs_all", "the probes' task (evaluation/tasks.py names)")
+    split: SplitChoice = field(default_factory=SplitChoice)
+    split_seed: int = option(0, "the split seed of the sweeps")
+    fraction: float = option(0.2, "the page's high / low group fraction (one of ncb's fractions; ncb.csv has all)")
+    workers: int = option(2, "sweep worker processes (one thread each)")
+    n_boot: int = option(1000, "bootstrap resamples of the sweeps' and the NCB intervals")
+    run: bool = option(True, "run the missing steps (false: only write the page from existing outputs)")
+    store_dir: str = option("activations", "the stores: <store_dir>/<model>/<datapack>.h5 (extracted when missing)")
+    results_dir: str = option("results", "cells and NCB outputs: <results_dir>/<model>/<datapack>/...")
+    out_dir: str = option("docs/results/ncb", "the page: <out_dir>/index.md and ncb.csv (whole or not at all)")

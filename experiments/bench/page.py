@@ -12,7 +12,6 @@ sections of the existing page as they are (each section names the commit it ran 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import re
 import subprocess
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from evaluation.cells import atomic_write
-from evaluation.provenance import host, provenance
+from evaluation.provenance import host, page_stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = "{work}/activations/smollm2/city_locations.h5"
@@ -101,10 +100,7 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="*", choices=[b[0] for b in BENCHMARKS], help="rerun these, keep the others")
     args = ap.parse_args(argv)
     work, out = Path(args.work).resolve(), Path(args.out)
-    stamp_of = provenance()
-    commit = (stamp_of["git_commit"] or "no git")[:7] + (" (modified)" if stamp_of["git_dirty"] else "")
-    started = datetime.datetime.now(datetime.timezone.utc)
-    stamp = f"commit {commit}, {started:%Y-%m-%d %H:%M} UTC"
+    stamp = page_stamp()
     where = machine()
     print("the SmolLM2 city_locations store at layer 16 in", work, "(extracted or resumed when not complete)",
           flush=True)
