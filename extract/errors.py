@@ -66,6 +66,10 @@ def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T | None:
         return None
 
 
+if not OmegaConf.has_resolver("pid"):     # conf/hydra/{run,sweep}/logs.yaml: a run folder per process, so two runs
+    OmegaConf.register_new_resolver("pid", os.getpid)   # started in the same second never share (or remove) one
+
+
 def hydra_main(config_path: str, config_name: str) -> Callable:
     """`@hydra.main(version_base="1.3", config_path=..., config_name=...)` of an entry point, with
     Hydra's errors before the task runs (composition, overrides, plugin instantiation) printed as one
@@ -194,8 +198,9 @@ class ReportFailures(Callback):
 
 class RefusedRunLeavesNothing(Callback):
     """A single run refused with a ToolkitError (run_entry) leaves no log folder behind: before Hydra makes
-    the run's folder (<results_dir>/logs/<entry>/<time>) the first of its ancestors that does not exist
-    yet is noted; remove() deletes the run's folder, or that ancestor (the folders this run made)."""
+    the run's folder (<results_dir>/logs/<entry>/<time>-<pid>) the first of its ancestors that does not exist
+    yet is noted; remove() deletes the run's folder and then those ancestors up to that one while they are
+    empty (another run's folder in them is kept)."""
     created: Path | None = None
 
     def on_run_start(self, config, **kwargs) -> None:
@@ -212,8 +217,16 @@ class RefusedRunLeavesNothing(Callback):
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(folder):
                 handler.close()
                 logging.root.removeHandler(handler)
-        top = cls.created if cls.created is not None and folder.is_relative_to(cls.created) else folder
-        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        if cls.created is None or not folder.is_relative_to(cls.created):
+            return
+        for parent in folder.parents:          # the folders this run made, while empty: a run started at the
+            if not parent.is_relative_to(cls.created):   # same time may have put its own log folder there
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
 
 def check_count(value, option: str, none_ok: bool = False) -> int | None:

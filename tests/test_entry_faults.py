@@ -419,3 +419,26 @@ def test_zero_shot_options_are_refused_in_one_line_before_any_work(tmp_path, ove
     with pytest.raises(ToolkitError, match=needle) as err:
         run(compose_config("zero_shot", "model=tiny", f"results_dir={tmp_path / 'r'}", override))
     assert "\n" not in str(err.value) and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_runs_started_together_under_one_results_dir_keep_their_own_log_folders(tmp_path):
+    """One run and four refused runs started at once under a fresh results_dir (same second, so the same time
+    stamp): each gets its own log folder (<time>-<pid>), the refused ones remove only theirs (and the folders
+    they made while empty), and the run that works keeps its folder and its log."""
+    from tests.helpers import make_synthetic_store
+
+    make_synthetic_store(tmp_path / "activations")
+    results = tmp_path / "results"
+    common = [sys.executable, "-m", "train_probe", "model.name=synthetic", "probe=mean_diff", "layer=1",
+              f"store_dir={tmp_path / 'activations'}", f"results_dir={results}", "trainer.accelerator=cpu"]
+    runs = [subprocess.Popen([*common, "n_boot=20"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)]
+    runs += [subprocess.Popen([*common, "n_boot=0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    outcomes = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
+    assert outcomes[0][0] == 0, outcomes[0][1][-2000:]
+    assert all(code == 1 and "n_boot" in err for code, err in outcomes[1:]), [o[1][-500:] for o in outcomes[1:]]
+    folders = list((results / "logs" / "train_probe").iterdir())
+    assert len(folders) == 1 and folders[0].name.endswith(f"-{runs[0].pid}")
+    assert any(f.suffix == ".log" and f.stat().st_size for f in folders[0].iterdir())
