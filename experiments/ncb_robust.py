@@ -167,15 +167,15 @@ def write_robust(results_dir, out_dir: Path, model: str, datapack: str) -> list[
     clean = clean_table(results_dir, model, datapack)
     paths = [out_dir / "ncb_robust.csv", out_dir / "ncb_robust.md"]
     table.to_csv(paths[0], index=False)
-    paths[1].write_text(_markdown(table))
+    paths[1].write_text(robust_markdown(table))
     if not clean.empty:
         paths += [out_dir / "ncb_robust_clean.csv", out_dir / "ncb_robust_clean.md"]
         clean.to_csv(paths[2], index=False)
-        paths[3].write_text(_clean_markdown(clean))
+        paths[3].write_text(clean_markdown(clean))
     return paths
 
 
-def _markdown(table: pd.DataFrame) -> str:
+def robust_markdown(table: pd.DataFrame) -> str:
     def interval(r, column, fmt="{:+.3f}"):
         value, lo, hi = r[column], r[f"{column}_lo"], r[f"{column}_hi"]
         if pd.isna(value):
@@ -196,7 +196,7 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _clean_markdown(table: pd.DataFrame) -> str:
+def clean_markdown(table: pd.DataFrame) -> str:
     lines = [f"Clean test metrics of each pair's cells; a - b with a paired cluster-bootstrap 95 % interval; p raw / "
              f"Holm-adjusted within each estimand's family (every pair); significant = Holm p < {ALPHA}. "
              + "; ".join(f"{k}: {v}" for k, v in CLEAN.items()) + ".", "",

@@ -4,7 +4,7 @@ model x datapack, each probe at its calibration-chosen layer, and the results pa
 For every (model, datapack), each step runs the repo's own entry point in a child process and is skipped where
 its outputs exist, so a killed study resumes by rerunning the command:
 
-1. store  `python -m extract model=<m> data=<d>` (every layer; a complete store is kept, a stopped one resumed);
+1. store  `python -m extract model=<m> data=<d>` (every layer) unless the store is complete (a stopped one resumes);
 2. sweep  `python -m experiments.sweep probes=<probes> tasks=[<task>]` over every stored layer (written cells kept);
 3. layer  per probe, the layer with the best calibration MCC (experiments.tables.best_layers, every report's rule)
           among the cells of `split` (cross_model.load_study); a probe not swept at every stored layer is refused;
@@ -17,7 +17,9 @@ machine). Per model and datapack, the layout of Table 3 of Xu et al. (2601.05905
 accuracy under each context of the high and low NCB groups and the gap high - low with its cluster-bootstrap
 interval (ncb.stress), the gap's bootstrap p raw and Holm-adjusted over the family of the method's gaps (every
 interference, level and fraction; experiments.ncb_report.load_stress, the claims page's rule). ncb.csv holds
-every fraction.
+every fraction. Where probes trained with `train_probe augment=structure_aware | neutral` have NCB outputs beside a
+plain probe, their paired comparison (experiments.ncb_robust: stress drops and clean metrics, Holm over each table)
+follows the model and datapack's section.
 """
 from __future__ import annotations
 
@@ -40,11 +42,13 @@ from evaluation.provenance import host, page_stamp, provenance
 from evaluation.tasks import TASKS
 from experiments.cross_model import load_study
 from experiments.ncb_report import load_stress
+from experiments.ncb_robust import clean_markdown, clean_table, robust_markdown, robust_table
 from experiments.tables import ALPHA, best_layers, publish
 from extract.config import CONF_DIR
 from extract.entry import entry_main
 from extract.errors import ToolkitError, check_count
 from extract.schema import check_writable, typed_options
+from extract.store import ActivationStore, store_path
 
 log = logging.getLogger(__name__)
 CONTROL = ("peer", "0")          # the neutral passage: a context, no false claim
@@ -56,7 +60,8 @@ def study_steps(o: dict) -> None:
     for model in o["models"]:
         for datapack in o["datapacks"]:
             common = [f"model={model}", f"data={datapack}", f"store_dir={o['store_dir']}"]
-            _step("extract", *common)                         # resumes a stopped store; a complete one is kept
+            if not store_complete(store_path(o["store_dir"], model, datapack)):
+                _step("extract", *common)                     # a stopped store resumes
             _step("experiments.sweep", *common, f"results_dir={o['results_dir']}", f"tasks=[{o['task']}]",
                   f"probes=[{','.join(o['probes'])}]", f"workers={o['workers']}", f"n_boot={o['n_boot']}",
                   f"split={o['split']['kind']}")
@@ -65,6 +70,14 @@ def study_steps(o: dict) -> None:
             for cell in chosen["path"]:                       # one stress store at every chosen layer serves all
                 _step("ncb", *common, f"results_dir={o['results_dir']}", f"method='{cell}'", layers,
                       f"n_boot={o['n_boot']}")
+
+
+def store_complete(path: Path) -> bool:
+    """Whether the store at `path` exists and holds every statement (a stopped extraction does not)."""
+    if not path.exists():
+        return False
+    store = ActivationStore(path, allow_incomplete=True)
+    return store.n_done == store.n_statements
 
 
 def _step(module: str, *args: str) -> None:
@@ -100,7 +113,7 @@ def study_table(o: dict) -> pd.DataFrame:
             stress = load_stress(o["results_dir"], model, datapack)
             folders = ncb_folders(Path(o["results_dir"]) / model / datapack / "ncb")
             for _, best in chosen_cells(o, model, datapack).iterrows():
-                folder = folders.get(Path(best["path"]).resolve())
+                folder = folders.get(cell_key(best["path"]))
                 if folder is None:
                     raise CellError(f"no NCB outputs of {best['path']}: rerun the study with run=true")
                 counts = json.loads((folder / "stress.json").read_text())["counts"]
@@ -115,18 +128,26 @@ def study_table(o: dict) -> pd.DataFrame:
 
 
 def ncb_folders(root: Path) -> dict[Path, Path]:
-    """{probe cell (resolved path): its ncb output folder} of the folders under `root` (groups unbalanced)."""
+    """{probe cell (cell_key): its ncb output folder} of the folders under `root` (groups unbalanced)."""
     folders = {}
     for path in sorted(root.glob("*/stress.json")):
         summary = json.loads(path.read_text())
         if summary["info"].get("kind") == "probe" and not summary["options"]["balance_by_py"]:
-            folders[Path(summary["info"]["cell"]).resolve()] = path.parent
+            folders[cell_key(summary["info"]["cell"])] = path.parent
     return folders
 
 
-def page(table: pd.DataFrame, o: dict, stamp: str) -> str:
+def cell_key(path) -> Path:
+    """A cell's path below its results_dir (<model>/<datapack>/<probe>/<task>/<split>/layer=<k>/seed=<s>.json), so
+    NCB outputs still find their cell after the results folder is moved."""
+    return Path(*Path(path).parts[-7:])
+
+
+def page(table: pd.DataFrame, o: dict, stamp: str, robust_tables: dict | None = None) -> str:
     """index.md: the provenance line, the summary over every model, datapack and probe, then one Table-3
-    section per model and datapack at the group fraction `o['fraction']`."""
+    section per model and datapack at the group fraction `o['fraction']`, with the context-robust training
+    comparison where augmented probes have NCB outputs there ({(model, datapack): (robust_table, clean_table)})."""
+    robust_tables = robust_tables or {}
     at = table[(table["fraction"] - o["fraction"]).abs() < 1e-9]
     if at.empty:
         raise CellError(f"fraction={o['fraction']} is not one of the NCB runs' fractions "
@@ -166,6 +187,13 @@ def page(table: pd.DataFrame, o: dict, stamp: str) -> str:
         for (interference, level), rows in g.groupby(["interference", "level"], sort=False):
             lines.append(f"| {interference} | {level} | " + " | ".join(_cell(rows[rows["probe"] == p]) for p in probes)
                          + " |")
+        robust, clean = robust_tables.get((model, datapack), (pd.DataFrame(), pd.DataFrame()))
+        if not robust.empty:
+            lines += ["", "Context-robust training (`train_probe augment=structure_aware | neutral`, the probe "
+                      "analogue of SAT), each against the plain probe of the same layer and against each other "
+                      "(experiments/ncb_robust.py):", "", robust_markdown(robust).rstrip("\n")]
+            if not clean.empty:
+                lines += ["", clean_markdown(clean).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -198,9 +226,12 @@ def ncb_study(cfg: DictConfig) -> Path:
     table = study_table(o)
     stamp = f"{page_stamp()}, `{' '.join(provenance()['command'])}`, {host()}"
 
+    robust = {(m, d): (robust_table(o["results_dir"], m, d, o["n_boot"]), clean_table(o["results_dir"], m, d, o["n_boot"]))
+              for m in o["models"] for d in o["datapacks"]}
+
     def build(out: Path) -> None:
         table.to_csv(out / "ncb.csv", index=False)
-        (out / "index.md").write_text(page(table, o, stamp))
+        (out / "index.md").write_text(page(table, o, stamp, robust))
 
     out = publish(Path(o["out_dir"]), build)
     log.info("NCB study page written to %s (%d model / datapack pairs)", out,

@@ -109,3 +109,33 @@ def test_a_stress_store_of_several_layers_gives_each_probe_its_own_layers_scores
     pd.testing.assert_frame_equal(inputs["alone"], inputs["shared"])
     assert_one_error_line(run_module("ncb", *base, f"results_dir={tmp_path / 'bad'}", "stress_layers=[9]", cwd=tmp_path),
                           "stress_layers")
+
+
+@pytest.mark.slow
+def test_augmented_probes_beside_a_chosen_probe_get_the_robust_comparison_on_the_page(study, tmp_path):
+    import shutil
+
+    from experiments.ncb_robust import clean_table, robust_table
+
+    root, args = study
+    results = tmp_path / "results"
+    shutil.copytree(root / "results", results)
+    table = pd.read_csv(root / "page" / "ncb.csv")
+    layer = int(table[table["probe"] == "linear"]["layer"].iloc[0])
+    dirs = [f"store_dir={root / 'activations'}", f"results_dir={results}"]
+    trained = run_module("train_probe", "model=tiny", "data=city_locations", "probe=linear", f"layer={layer}",
+                         "tasks=[true_vs_all]", "augment=structure_aware", "augment.per_statement=1", "n_boot=50", *dirs,
+                         cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    cell = next((results / "tiny" / "city_locations" / "linear+structure_aware").glob("*/*/layer=*/seed=0.json"))
+    tested = run_module("ncb", "model=tiny", "data=city_locations", f"method='{cell}'", "n_boot=50", *dirs, cwd=tmp_path)
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    keep = [a for a in args if not a.startswith(("results_dir=", "out_dir="))]
+    again = run_module("experiments.ncb_study", *keep, f"results_dir={results}", f"out_dir={tmp_path / 'page'}",
+                       "run=false", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    page = (tmp_path / "page" / "index.md").read_text()
+    robust = robust_table(results, "tiny", "city_locations", 50)
+    assert "Context-robust training" in page and len(robust) and set(robust["comparison"]) == {"structure_aware - plain"}
+    clean = clean_table(results, "tiny", "city_locations", 50)             # MCC and AUROC on clean test rows
+    assert page.count("| linear+structure_aware_true_vs_all_entity_disjoint_layer") == len(robust) + len(clean) == 14
