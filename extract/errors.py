@@ -66,8 +66,10 @@ def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T | None:
         return None
 
 
-if not OmegaConf.has_resolver("pid"):     # conf/hydra/{run,sweep}/logs.yaml: a run folder per process, so two runs
-    OmegaConf.register_new_resolver("pid", os.getpid)   # started in the same second never share (or remove) one
+# ${pid:} in conf/hydra/{run,sweep}/logs.yaml: a run folder per process, so two runs started in the same second
+# never share (or remove) one; cached in the config like Hydra's ${now:}, so a SLURM job keeps its launcher's folder
+if not OmegaConf.has_resolver("pid"):
+    OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True)
 
 
 def hydra_main(config_path: str, config_name: str) -> Callable:
