@@ -42,7 +42,7 @@ from evaluation.provenance import host, page_stamp, provenance
 from evaluation.tasks import TASKS
 from experiments.cross_model import load_study
 from experiments.ncb_report import load_stress
-from experiments.ncb_robust import clean_markdown, clean_table, robust_markdown, robust_table
+from experiments.ncb_robust import clean_markdown, clean_table, ncb_folders, robust_markdown, robust_table
 from experiments.tables import ALPHA, best_layers, publish
 from extract.config import CONF_DIR
 from extract.entry import entry_main
@@ -111,7 +111,7 @@ def study_table(o: dict) -> pd.DataFrame:
     for model in o["models"]:
         for datapack in o["datapacks"]:
             stress = load_stress(o["results_dir"], model, datapack)
-            folders = ncb_folders(Path(o["results_dir"]) / model / datapack / "ncb")
+            folders = probe_folders(o["results_dir"], model, datapack)
             for _, best in chosen_cells(o, model, datapack).iterrows():
                 folder = folders.get(cell_key(best["path"]))
                 if folder is None:
@@ -127,13 +127,13 @@ def study_table(o: dict) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def ncb_folders(root: Path) -> dict[Path, Path]:
-    """{probe cell (cell_key): its ncb output folder} of the folders under `root` (groups unbalanced)."""
+def probe_folders(results_dir, model: str, datapack: str) -> dict[Path, Path]:
+    """{probe cell (cell_key): its NCB output folder} of ncb_robust.ncb_folders' probe folders (groups unbalanced)."""
     folders = {}
-    for path in sorted(root.glob("*/stress.json")):
-        summary = json.loads(path.read_text())
-        if summary["info"].get("kind") == "probe" and not summary["options"]["balance_by_py"]:
-            folders[cell_key(summary["info"]["cell"])] = path.parent
+    for folder in ncb_folders(results_dir, model, datapack).values():
+        summary = json.loads((folder / "stress.json").read_text())
+        if not summary["options"]["balance_by_py"]:
+            folders[cell_key(summary["info"]["cell"])] = folder
     return folders
 
 
