@@ -31,7 +31,8 @@ from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE
 from extract.store import ActivationStore, select_layers, store_path, store_summary
 from ncb.augment import Augmentation, augmentation
-from probes.artifacts import build_probe, calibrated_heads, write_probe_cell
+from probes.artifacts import build_probe, calibrated_heads
+from probes.saved_pair import write_probe_cell
 from probes.base import Probe, check_choice
 from probes.features import Features, layer_features
 from probes.fitting import CALIBRATIONS, HeadBank
@@ -175,7 +176,7 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
               store: dict | None = None) -> tuple[dict, list[Probe]]:
     """One task's cell at one layer from the bank's heads of `classes`: scores -> probabilities (map
     fitted on out-of-fold training scores, or in sample) -> conformal sets -> metrics on test.
-    Returns the cell and the task's fitted heads (saved beside it by probes.artifacts)."""
+    Returns the cell and the task's fitted heads (saved beside it by probes.saved_pair)."""
     train, cal, test = parts["train"], parts["calibration"], parts["test"]
     started = time.perf_counter()
     fitted = calibrated_heads(bank, classes, y, cal, OmegaConf.to_container(cfg.probe, resolve=True), cfg.calibration,

@@ -22,7 +22,8 @@ from extract.config import compose_config
 from extract.errors import ToolkitError
 from extract.on_the_fly import extract_statements, store_model
 from extract.store import ActivationStore, ModelMismatch, StoreError, store_summary
-from probes.artifacts import artifact_path, fit_probe, load_probe
+from probes.artifacts import fit_probe, load_probe
+from probes.saved_pair import artifact_path
 from probes.features import TOKEN_KINDS, layer_features
 from probes.pipeline import train_probes
 from tests.helpers import compose_apply, datapack_csv, extract_csv

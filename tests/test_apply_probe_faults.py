@@ -21,7 +21,8 @@ from evaluation.cells import CellError, read_cell
 from evaluation.splits import entity_groups, make_split
 from extract.errors import ToolkitError
 from extract.store import ActivationStore
-from probes.artifacts import artifact_path, fit_probe, load_probe
+from probes.artifacts import fit_probe, load_probe
+from probes.saved_pair import artifact_path
 from probes.base import ProbeError
 from probes.pipeline import train_probes
 from tests.helpers import assert_one_error_line, compose_apply, make_synthetic_store, run_cfg, run_module

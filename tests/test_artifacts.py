@@ -14,7 +14,8 @@ import pytest
 
 from evaluation.cells import CellError, read_cell
 from extract.config import compose_config
-from probes.artifacts import artifact_path, load_probe
+from probes.artifacts import load_probe
+from probes.saved_pair import artifact_path
 from probes.pipeline import train_probes
 from tests.helpers import make_synthetic_store
 

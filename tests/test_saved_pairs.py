@@ -1,4 +1,4 @@
-"""A result cell and its saved heads are one pair (probes.artifacts.write_probe_cell): whatever kills or
+"""A result cell and its saved heads are one pair (probes.saved_pair.write_probe_cell): whatever kills or
 starves a writer, every cell on disk loads a probe that reproduces the cell's own test scores, and a
 heads file that is not the cell's is refused in one line. Faults are real: SIGKILL at every rename of
 an overwrite sweep, a full tmpfs, files swapped or damaged by hand."""
@@ -15,7 +15,8 @@ import pytest
 from evaluation.cells import CellError, read_cell
 from evaluation.tasks import task_targets
 from extract.store import ActivationStore
-from probes.artifacts import SUFFIX, artifact_path, fit_probe, load_probe
+from probes.artifacts import fit_probe, load_probe
+from probes.saved_pair import SUFFIX, artifact_path
 from probes.features import layer_features
 from probes.pipeline import train_probes
 from tests.helpers import make_synthetic_store, run_cfg, tmpfs

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from probes.artifacts import artifact_path
+from probes.saved_pair import artifact_path
 from probes.pipeline import train_probes
 from tests.helpers import comparable, make_synthetic_store, run_cfg
 
