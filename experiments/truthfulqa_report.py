@@ -221,6 +221,7 @@ def behaviour_page(results_dir: Path, model: str) -> str:
              "every number below is read from the result files named. How they are computed: "
              "[python -m truthfulqa](../truthfulqa.md).", ""]
     lines += _knows_vs_says(results_dir, model, results)
+    lines += _transfer(results_dir, model, results.get(LIKELIHOOD))
     for name, r in results.items():
         lines += [f"## {name}", "", _provenance_line(root / name, r), ""]
         lines += {"likelihood": _likelihood_section, "verify": _verify_section,
@@ -277,6 +278,50 @@ def _knows_vs_says(results_dir: Path, model: str, results: dict) -> list[str]:
               "likelihood MC1 keeps the harness's argmax. MC2_verify = mean P(true) of the correct answers - "
               "mean of the incorrect ones (> 0: true answers rated higher). Intervals: 95 % bootstrap over questions.", ""]
     return lines
+
+
+def transfer_table(results_dir: Path, model: str, likelihood: dict | None) -> pd.DataFrame:
+    """One row per transfer cell of a probe trained on another datapack and scored on TruthfulQA's answers
+    (`python -m apply_probe probe=<cell> data=truthfulqa`: <results_dir>/<model>/<train>->truthfulqa/), with
+    the likelihood MC1 of the same questions; a cell whose probe MC1 predates the tie rule is a CellError."""
+    root = Path(results_dir) / check_name(model, "model")
+    by_row = {q["row"]: q for q in likelihood["questions"]} if likelihood else {}
+    rows = []
+    for path in sorted(root.glob(f"*->{TRUTHFULQA}/*/*/*/layer=*/seed=*.json")):
+        cell = read_cell(path)
+        m = cell["metrics"]
+        if "probe_mc1_ties" not in m:
+            raise CellError(f"{path} has no probe MC1 or the one of the old tie rule (a tie went to the best answer): "
+                            "rerun apply_probe with overwrite=true")
+        same = [by_row[r] for r in m["probe_mc_questions"] if r in by_row]
+        mc1 = (mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))[0]
+               if len(same) == len(m["probe_mc_questions"]) else np.nan)
+        rows.append({"train": path.parents[4].name.split("->")[0], "probe": cell["config"]["probe"]["name"],
+                     "task": cell["config"]["task"]["name"], "layer": cell["layer"], "mcc": m.get("mcc"),
+                     "mcc_lo": (m.get("mcc_ci") or [np.nan] * 2)[0], "mcc_hi": (m.get("mcc_ci") or [np.nan] * 2)[1],
+                     "auroc": m.get("auroc"), "probe_mc1": m["probe_mc1"], "probe_mc1_lo": m["probe_mc1_ci"][0],
+                     "probe_mc1_hi": m["probe_mc1_ci"][1], "probe_mc1_ties": m["probe_mc1_ties"],
+                     "n_questions": len(m["probe_mc_questions"]), "likelihood_mc1_same": np.mean(mc1)})
+    return pd.DataFrame(rows)
+
+
+def _transfer(results_dir: Path, model: str, likelihood: dict | None) -> list[str]:
+    """The behaviour page's section on Trilemma probes scored on TruthfulQA (transfer_table); [] without cells."""
+    table = transfer_table(results_dir, model, likelihood)
+    if table.empty:
+        return []
+    lines = ["## Transfer of the Trilemma probes", "",
+             "Every transfer cell found: a probe trained on a Trilemma datapack, at its cell's layer, scored on every "
+             "answer of every question (`python -m apply_probe probe=<cell> data=truthfulqa`; which cells were "
+             "applied is the command's choice, see the commands on the page that links here).", "",
+             "| trained on | probe (task, layer) | MCC (accepted rows) | AUROC | probe MC1 | MC1 ties | questions | "
+             "likelihood MC1 (same questions) |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in table.sort_values(["train", "probe", "task", "layer"]).iterrows():
+        lines.append(f"| {r['train']} | {r['probe']} ({r['task']}, {r['layer']}) | {_ci(r, 'mcc')} | {_num(r['auroc'])} | "
+                     f"{_ci(r, 'probe_mc1')} | {r['probe_mc1_ties']} | {r['n_questions']} | "
+                     f"{_num(r['likelihood_mc1_same'])} |")
+    return lines + ["", "Probe MC1 credits a best answer tied at the top with k - 1 others 1 / k. Intervals: 95 % "
+                    "bootstrap (MCC as the cell records it; MC1 over questions).", ""]
 
 
 def _likelihood_section(r: dict) -> list[str]:

@@ -260,3 +260,41 @@ def test_the_report_refuses_cells_of_the_old_tie_rule(tqa_cells, tmp_path):
     with pytest.raises(Exception, match="old tie rule") as err:
         write_truthfulqa(tmp_path / "results", tmp_path / "out", "tiny")
     assert "\n" not in str(err.value)
+
+
+def test_trilemma_probes_scored_on_truthfulqa_are_on_the_behaviour_page(tqa_dirs, tmp_path):
+    from apply_probe import apply_to_store
+    from experiments.truthfulqa_report import behaviour_page
+
+    store_dir, results_dir = tqa_dirs / "activations", tmp_path / "results"
+    extract(compose_config("extract", "model=tiny", "data=city_locations", "limit=200", "layers=[4]",
+                           f"store_dir={store_dir}"))
+    [cell_file] = train_probes(probe_config("model=tiny", "data=city_locations", "probe=linear", "task=true_vs_false",
+                                            "layer=4", f"store_dir={store_dir}", f"results_dir={results_dir}",
+                                            "n_boot=20"))
+    transfer = apply_to_store(cell_file, "truthfulqa", store_dir, results_dir)
+    assert transfer.parts[-6] == "city_locations->truthfulqa"
+    rng = np.random.default_rng(1)
+    questions = [{"row": q.row, "mc1_logliks": rng.normal(-20, 3, len(q.mc1_choices)).tolist(),
+                  "mc2_logliks": rng.normal(-20, 3, len(q.mc2_choices)).tolist(), "mc2_labels": q.mc2_labels}
+                 for q in load_questions()]
+    mc1, mc2 = mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in questions]))
+    (results_dir / "tiny" / "truthfulqa").mkdir(parents=True)
+    (results_dir / "tiny" / "truthfulqa" / "likelihood-lm_eval.json").write_text(json.dumps(
+        {"format": "lm_eval", "n_questions": len(questions), "mc1": mc1.mean(), "mc2": mc2.mean(), "mc1_ci": [0, 1],
+         "mc2_ci": [0, 1], "questions": questions, "model_label": "tiny", "seconds": 1.0}))
+    page = behaviour_page(results_dir, "tiny")
+    m = read_cell(transfer)["metrics"]
+    by_row = {q["row"]: q for q in questions}
+    same = mc_scores(*zip(*[(by_row[r]["mc1_logliks"], by_row[r]["mc2_logliks"], by_row[r]["mc2_labels"])
+                            for r in m["probe_mc_questions"]]))[0].mean()
+    row = (f"| city_locations | linear (true_vs_false, 4) | {m['mcc']:.3f} [{m['mcc_ci'][0]:.3f}, {m['mcc_ci'][1]:.3f}] | "
+           f"{m['auroc']:.3f} | {m['probe_mc1']:.3f} [{m['probe_mc1_ci'][0]:.3f}, {m['probe_mc1_ci'][1]:.3f}] | "
+           f"{m['probe_mc1_ties']} | {len(m['probe_mc_questions'])} | {same:.3f} |")
+    assert "## Transfer of the Trilemma probes" in page and row in page
+    del m["probe_mc1_ties"]                                   # a transfer cell of the old tie rule: refused
+    stale = read_cell(transfer)
+    stale["metrics"] = m
+    write_cell(transfer, stale)
+    with pytest.raises(Exception, match="old tie rule"):
+        behaviour_page(results_dir, "tiny")
