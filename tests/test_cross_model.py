@@ -228,3 +228,13 @@ def test_the_results_page_is_rewritten_identically_but_for_its_provenance_line(r
     assert "![depth_city_locations.png](depth_city_locations.png)" in first and \
         (pages[0] / "depth_city_locations.png").stat().st_size > 0
     assert "| toy-a | city_locations | 5 | mean_diff 5 (4 tasks); samil 2 (4 tasks) |" in first
+
+
+def test_too_few_resamples_for_holm_over_the_family_are_said(report):
+    """n_boot=50: no bootstrap p is below 2 / 51, so Holm over a family of more than one comparison cannot
+    reach 0.05; the run says so in one line (the claims page's Holm columns would otherwise read as a finding)."""
+    _, claims, stderr = report
+    family = int(claims.dropna(subset=["q3_vs_rest_mcc_p_raw"]).groupby("model").size().max())
+    assert family >= 2
+    assert "n_boot=50: no bootstrap p is below 0.039, so Holm over a family of" in stderr
+    assert "rerun with n_boot >= " in stderr

@@ -402,3 +402,13 @@ def test_holm_decisions_equal_the_step_down_procedure():
                 reject[i] = True
             assert ((adjusted <= alpha) == reject).all()
         assert (adjusted >= p).all() and (adjusted <= 1).all()
+
+
+def test_bootstrap_p_never_reaches_zero_so_holm_sees_the_resample_count():
+    """A difference no resample crosses has p = 2 / (B + 1) (add-one Monte Carlo p), not 0: Holm over m such
+    tests then gives m * 2 / (B + 1), so B = 1000 cannot make 45 comparisons significant at 0.05."""
+    draws = np.full(1000, 0.3)
+    assert S.bootstrap_p(draws) == pytest.approx(2 / 1001)
+    assert S.holm(np.full(45, S.bootstrap_p(draws))).min() == pytest.approx(45 * 2 / 1001)
+    assert S.bootstrap_p(np.r_[np.full(9, -0.1), np.full(991, 0.2)]) == pytest.approx(2 * 10 / 1001)
+    assert S.bootstrap_p(np.zeros(50)) == 1.0 and np.isnan(S.bootstrap_p(np.array([])))
