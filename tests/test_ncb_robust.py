@@ -243,7 +243,7 @@ def _bootstrap(stat, groups, n_boot=1000, seed=0):
     draws = np.array([stat(i) for i in cluster_bootstrap_indices(groups, n_boot, np.random.default_rng(seed),
                                                                  n=len(groups))])
     draws = draws[~np.isnan(draws)]
-    return np.percentile(draws, [2.5, 97.5]), min(1.0, 2 * min(np.mean(draws <= 0), np.mean(draws >= 0)))
+    return np.percentile(draws, [2.5, 97.5]), min(1.0, 2 * (1 + min(sum(draws <= 0), sum(draws >= 0))) / (len(draws) + 1))
 
 
 def test_comparison_equals_a_direct_recomputation(ncb_outputs):
