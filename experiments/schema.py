@@ -54,6 +54,8 @@ class TransferSchema:
     reports_dir: str = option("reports", "-> <reports_dir>/<model>/transfer.csv, transfer.md, transfer_<task>.png")
     store_dir: Optional[str] = option("activations", "missing transfer cells are computed from "
                                       "<store_dir>/<model>/<datapack>.h5")
+    page_dir: Optional[str] = option(None, "also the results page <page_dir>/<model>.md with its figures and csv, "
+                                     "e.g. page_dir=docs/results/transfer")
 
 
 @dataclass
