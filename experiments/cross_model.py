@@ -58,7 +58,8 @@ from evaluation.selective import paired_bootstrap
 from experiments import plots
 from experiments.claims_page import C_METRICS, claims_markdown, coverage_markdown
 from experiments.compare import compare_cells
-from experiments.tables import ALPHA, best_layers, cell_of, layer_table, load_cells, publish, with_holm
+from experiments.tables import (best_layers, cell_of, holm_resolution_warning, layer_table, load_cells, publish,
+                                with_holm)
 from extract.errors import check_count, check_name
 from extract.entry import entry_main
 from extract.schema import check_writable, typed_options
@@ -310,10 +311,8 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
     summary, samil_counts = pd.DataFrame(depth_summary(depth)), pd.DataFrame(samil_summary(samil))
     family = max((int(t.groupby("model")[col].count().max()) for t, col in
                   ((depth, "q3_vs_rest_mcc_p_raw"), (samil, "delta_mcc_p_raw")) if not t.empty), default=0)
-    if family and 2 * family / (n_boot + 1) >= ALPHA:
-        log.warning("n_boot=%d: no bootstrap p is below %.2g, so Holm over a family of %d comparisons can call "
-                    "nothing significant; rerun with n_boot >= %d", n_boot, 2 / (n_boot + 1), family,
-                    int(2 * family / ALPHA))
+    if warning := holm_resolution_warning(n_boot, family):
+        log.warning(warning)
 
     stamp = f"{page_stamp()}, `{' '.join(provenance()['command'])}`, {host()}"
 

@@ -43,7 +43,7 @@ from evaluation.tasks import TASKS
 from experiments.cross_model import load_study
 from experiments.ncb_report import load_stress
 from experiments.ncb_robust import clean_markdown, clean_table, ncb_folders, robust_markdown, robust_table
-from experiments.tables import ALPHA, best_layers, publish
+from experiments.tables import ALPHA, best_layers, holm_resolution_warning, publish
 from extract.config import CONF_DIR
 from extract.entry import entry_main
 from extract.errors import ToolkitError, check_count
@@ -228,6 +228,9 @@ def ncb_study(cfg: DictConfig) -> Path:
 
     robust = {(m, d): (robust_table(o["results_dir"], m, d, o["n_boot"]), clean_table(o["results_dir"], m, d, o["n_boot"]))
               for m in o["models"] for d in o["datapacks"]}
+    family = max((len(paired) for paired, _ in robust.values()), default=0)   # a robust table is one Holm family
+    if warning := holm_resolution_warning(o["n_boot"], family):
+        log.warning(warning)
 
     def build(out: Path) -> None:
         table.to_csv(out / "ncb.csv", index=False)

@@ -139,6 +139,16 @@ def with_holm(table: pd.DataFrame, prefix: str, by: list[str]) -> pd.DataFrame:
     return table
 
 
+def holm_resolution_warning(n_boot: int, family: int) -> str | None:
+    """The line to print when `n_boot` resamples cannot support Holm over a family of `family` tests: no
+    bootstrap p is below 2 / (n_boot + 1) (evaluation.selective.bootstrap_p), so Holm's smallest adjusted
+    p is family * 2 / (n_boot + 1); None when that is below ALPHA (or there is no family)."""
+    if family < 1 or 2 * family / (n_boot + 1) < ALPHA:
+        return None
+    return (f"n_boot={n_boot}: no bootstrap p is below {2 / (n_boot + 1):.2g}, so Holm over a family of {family} "
+            f"comparisons can call nothing significant; rerun with n_boot >= {int(2 * family / ALPHA)}")
+
+
 def p_text(row: pd.Series, prefix: str) -> str:
     """"<p_raw> / <p_holm>" of a with_holm row's test `prefix`; "-" where there was no test."""
     p = row.get(f"{prefix}_p_raw", np.nan)

@@ -238,3 +238,6 @@ def test_too_few_resamples_for_holm_over_the_family_are_said(report):
     assert family >= 2
     assert "n_boot=50: no bootstrap p is below 0.039, so Holm over a family of" in stderr
     assert "rerun with n_boot >= " in stderr
+    from experiments.tables import holm_resolution_warning
+    assert holm_resolution_warning(5000, 45) is None and holm_resolution_warning(1000, 0) is None
+    assert "rerun with n_boot >= 1440" in holm_resolution_warning(1000, 36)    # the NCB study's robust family
