@@ -235,8 +235,8 @@ def publish(out: Path, build: Callable[[Path], None], whole_folder: bool = True)
         created = []
         return out
     except OSError as err:
-        raise ReportError(f"cannot write the report {out} ({err.strerror or err}): free space there or choose a "
-                          "writable reports_dir=; the previous report, if any, is unchanged") from None
+        raise ReportError(f"cannot write the report {out} ({err.strerror or err}): free space there or choose "
+                          "another folder for it (the option that names it); the previous report, if any, is unchanged") from None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
