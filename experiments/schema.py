@@ -65,7 +65,7 @@ class CrossModelSchema:
     datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model")
     split: SplitChoice = field(default_factory=SplitChoice)
     split_seed: int = option(0, _SPLIT_SEED)
-    n_boot: int = option(1000, "resamples of every bootstrap interval")
+    n_boot: int = option(5000, "resamples of every bootstrap interval and p (Holm over a family of m needs > 40 m)")
     results_dir: str = option("results", "the result cells read")
     reports_dir: str = option("reports", "writes <reports_dir>/cross_model/ (whole or not at all)")
     page_dir: Optional[str] = option(None, "also the results page there (claims.md with its provenance line, "
