@@ -72,6 +72,15 @@ def verify_same(verify: dict | None, rows: list[int]) -> tuple[float, float]:
     return float(np.mean(mc1)), float(mc2_verify([q["p_yes"] for q in same], [q["mc2_labels"] for q in same]).mean())
 
 
+def likelihood_same(by_row: dict, rows: list[int]) -> tuple:
+    """Likelihood MC1 / MC2 per question ([Q] each) of the questions `rows` (CSV rows), from the likelihood
+    file's questions by row; (NaN, NaN) unless all of them were scored."""
+    same = [by_row[r] for r in rows if r in by_row]
+    if not same or len(same) != len(rows):
+        return np.nan, np.nan
+    return mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))
+
+
 def probe_mc_table(results_dir: Path, model: str, likelihood: dict | None, verify: dict | None = None) -> pd.DataFrame:
     """One row per cell of TASKS, every layer (columns in the module docstring); a cell without probe
     MC, or with the probe MC of before the tie rule (no probe_mc1_ties), is a one-line CellError."""
@@ -87,9 +96,7 @@ def probe_mc_table(results_dir: Path, model: str, likelihood: dict | None, verif
             if "probe_mc1_ties" not in m:
                 raise CellError(f"{path} has the probe MC1 of the old tie rule (a tie went to the best answer): "
                                 "rerun train_probe with overwrite=true")
-            same = [by_row[r] for r in m["probe_mc_questions"] if r in by_row]
-            mc1, mc2 = (mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))
-                        if len(same) == len(m["probe_mc_questions"]) else (np.nan, np.nan))
+            mc1, mc2 = likelihood_same(by_row, m["probe_mc_questions"])
             v_mc1, v_mc2 = verify_same(verify, m["probe_mc_questions"])
             v_ci = m.get("probe_mc2_verify_ci") or [np.nan, np.nan]
             rows.append({"probe": cell["config"]["probe"]["name"], "task": task, "split": cell["split"]["kind"],
@@ -293,9 +300,7 @@ def transfer_table(results_dir: Path, model: str, likelihood: dict | None) -> pd
         if "probe_mc1_ties" not in m:
             raise CellError(f"{path} has no probe MC1 or the one of the old tie rule (a tie went to the best answer): "
                             "rerun apply_probe with overwrite=true")
-        same = [by_row[r] for r in m["probe_mc_questions"] if r in by_row]
-        mc1 = (mc_scores(*zip(*[(q["mc1_logliks"], q["mc2_logliks"], q["mc2_labels"]) for q in same]))[0]
-               if len(same) == len(m["probe_mc_questions"]) else np.nan)
+        mc1, _ = likelihood_same(by_row, m["probe_mc_questions"])
         rows.append({"train": path.parents[4].name.split("->")[0], "probe": cell["config"]["probe"]["name"],
                      "task": cell["config"]["task"]["name"], "layer": cell["layer"], "mcc": m.get("mcc"),
                      "mcc_lo": (m.get("mcc_ci") or [np.nan] * 2)[0], "mcc_hi": (m.get("mcc_ci") or [np.nan] * 2)[1],
