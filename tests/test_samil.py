@@ -343,3 +343,50 @@ def test_warm_cv_equals_cold_cv():
         assert warm.params()["cv_auroc"][C] == pytest.approx(cold.params()["cv_auroc"][C], abs=2e-3)
     s_cold, s_warm = cold.decision_function(train), warm.decision_function(train)
     assert np.abs(s_cold - s_warm).max() <= 1e-2 * np.abs(s_cold).max()
+
+
+def test_dual_cd_same_optimum_and_fallback(monkeypatch):
+    """Dual coordinate descent with proximal rounds on the bias, then the polish: the smoothing path's
+    certified optimum, the bias far from zero included; with no coordinate-descent budget the solver
+    goes on by smoothing and lands there too."""
+    from probes.samil import dual_cd
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(2000, 24)) + 0.5
+    y = (X[:, 0] + 0.7 * rng.normal(size=2000) > 1.2).astype(float)   # unbalanced: the optimal bias is far from 0
+    c = rng.uniform(0.5, 1.5, size=2000) * 1e-2
+    ref = fit_linear_svm(X, y, c)
+    fast = fit_linear_svm(X, y, c, dual_cd=True)
+    step = fast.info["history"][0]
+    assert step["dual_cd"]["polish"][-1] is not None and len(fast.info["history"]) == 1   # settled by dual_cd
+    assert abs(ref.intercept) > 0.5
+    for r in (ref, fast):
+        assert r.converged and r.duality_gap <= 1e-6 * r.objective
+    assert abs(fast.objective - ref.objective) <= 1e-6 * ref.objective
+    assert abs(hinge_objective(X, y, c, fast.coef, fast.intercept) - fast.objective) <= 1e-12 * fast.objective
+    monkeypatch.setattr(dual_cd, "BUDGET", 0)
+    fallback = fit_linear_svm(X, y, c, dual_cd=True)
+    assert len(fallback.info["history"]) > 1 and fallback.converged
+    assert abs(fallback.objective - ref.objective) <= 1e-6 * ref.objective
+
+
+def test_stage3_dual_cd_cv_equals_previous_solver():
+    """C by grouped CV with stage 3 by dual coordinate descent (the default) == by the previous
+    smoothing path: the same chosen C, the same certified objective of every (fold, C) fit in both
+    stages, the same final model to the solver's tolerance (bench_samil --cv-compare on a real layer)."""
+    X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
+    train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
+    old, new = (SAwMILProbe(accelerator="cpu", stage3_solver=s, Cs=(1.0, 10.0, 100.0)).fit(train, y)
+                for s in ("smoothing", "dual_cd"))
+    assert old.params()["C"] == new.params()["C"]
+    tol = 1e-6
+    old_fits = {(r["fold"], r["C"]): r for r in old.cv_fits_}
+    assert old_fits.keys() == {(r["fold"], r["C"]) for r in new.cv_fits_} and len(old_fits) == 12
+    for r in new.cv_fits_:
+        o = old_fits[(r["fold"], r["C"])]
+        for st in ("stage1", "stage3"):
+            assert r[f"{st}_converged"] and r[f"{st}_duality_gap"] <= tol * r[f"{st}_objective"]
+            assert abs(r[f"{st}_objective"] - o[f"{st}_objective"]) <= 2 * tol * o[f"{st}_objective"], (r, st)
+    s_old, s_new = old.decision_function(train), new.decision_function(train)
+    assert np.abs(s_old - s_new).max() <= 1e-2 * np.abs(s_old).max()
+    with pytest.raises(Exception, match="stage3_solver"):
+        SAwMILProbe(stage3_solver="newton")

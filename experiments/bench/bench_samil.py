@@ -12,9 +12,9 @@ One run prints:
      training split, true_vs_all, statement tokens standardised as the probe does,
      at --layer and --C): time, memory and test bag AUROC; then the probe's fit with C
      chosen by grouped CV over its default grid (skip with --skip-cv);
-  4. with --store and --cv-compare REPS (instead of 3): the probe's C-by-CV fit with every fit
-     from zero (warm_cv=False) and with warm starts (the default), alternating: times, ratio,
-     chosen C, and per (fold, C, stage) the certified objectives and gaps of both.
+  4. with --store and --cv-compare REPS (instead of 3): the probe's C-by-CV fit with stage 3 solved
+     by the previous path (stage3_solver="smoothing") and by dual coordinate descent (the default),
+     alternating: times, ratio, chosen C, and per (fold, C, stage) the certified objectives and gaps.
 
 Usage:  python experiments/bench/bench_samil.py [--sizes 250 500] [--big 5000]
         [--skip-package] [--device cuda] [--store activations/smollm2/city_locations.h5]
@@ -302,48 +302,48 @@ def load_real(store_path: str, layer: int):
 
 
 def cv_compare(store_path: str, layer: int, device=None, reps: int = 1):
-    """The probe's C-by-CV fit (its default grid and folds + the final fit) with every fit started
-    from zero (``warm_cv=False``, the previous code path) and with warm starts (``warm_cv=True``),
-    alternating, ``reps`` times each: wall times, the ratio, the chosen C, and per (fold, C) and
-    stage the relative difference of the certified objectives and the largest relative gap."""
+    """The probe's C-by-CV fit (its default grid and folds + the final fit) with stage 3 solved by the
+    previous path (``stage3_solver="smoothing"``) and by dual coordinate descent (the default),
+    alternating, ``reps`` times each: wall times, the ratio, the chosen C, and per (fold, C) and stage
+    the relative difference of the certified objectives and the largest relative gap."""
     from probes.samil import SAwMILProbe
 
     train, y_train, test, y_test = load_real(store_path, layer)
     acc = "cpu" if device is None else str(device)
-    times = {False: [], True: []}
+    solvers = ("smoothing", "dual_cd")
+    times = {k: [] for k in solvers}
     probes = {}
     for _ in range(reps):
-        for warm in (False, True):
-            probe = SAwMILProbe(accelerator=acc, warm_cv=warm)
+        for solver in solvers:
+            probe = SAwMILProbe(accelerator=acc, stage3_solver=solver)
             t0 = time.perf_counter()
             probe.fit(train, y_train)
-            times[warm].append(time.perf_counter() - t0)
-            probes[warm] = probe
-            print(f"  warm_cv={warm}: {times[warm][-1]:.1f} s, C {probe.params()['C']:g}", flush=True)
-    cold, warm = probes[False], probes[True]
-    cf = {(r["fold"], r["C"]): r for r in cold.cv_fits_}
+            times[solver].append(time.perf_counter() - t0)
+            probes[solver] = probe
+            print(f"  stage3_solver={solver}: {times[solver][-1]:.1f} s, C {probe.params()['C']:g}", flush=True)
+    old, new = probes["smoothing"], probes["dual_cd"]
+    fits = {(r["fold"], r["C"]): r for r in old.cv_fits_}
     diffs, gaps = [], []
-    for r in warm.cv_fits_:
-        if r["fold"] is None:
-            continue
+    for r in new.cv_fits_:
+        o = fits[(r["fold"], r["C"])]
         for st in ("stage1", "stage3"):
-            P_c, P_w = cf[(r["fold"], r["C"])][f"{st}_objective"], r[f"{st}_objective"]
-            diffs.append(abs(P_w - P_c) / abs(P_c))
-            gaps.append(max(r[f"{st}_duality_gap"] / abs(P_w), cf[(r["fold"], r["C"])][f"{st}_duality_gap"] / abs(P_c)))
-            print(f"    fold {r['fold']} C {r['C']:g} {st}: objective cold {P_c:.10g} warm {P_w:.10g} "
-                  f"(rel diff {diffs[-1]:.1e}); gap/objective cold "
-                  f"{cf[(r['fold'], r['C'])][f'{st}_duality_gap'] / abs(P_c):.1e} warm {r[f'{st}_duality_gap'] / abs(P_w):.1e}; "
-                  f"seconds cold {cf[(r['fold'], r['C'])]['seconds']:.2f} warm {r['seconds']:.2f}")
-    full = [f"C {r['C']:g} {r['seconds']:.2f} s" for r in warm.cv_fits_ if r["fold"] is None]
-    print(f"[{store_path} layer {layer}: C by {cold.cv_folds}-fold grouped CV over {list(cold.Cs)} + final fit]")
-    print(f"  cold (every fit from zero): {min(times[False]):.1f} s (runs {[round(t, 1) for t in times[False]]}), "
-          f"chosen C {cold.params()['C']:g}, CV AUROC {cold.params()['cv_auroc']}")
-    print(f"  warm starts: {min(times[True]):.1f} s (runs {[round(t, 1) for t in times[True]]}; full split {full}), "
-          f"chosen C {warm.params()['C']:g}, CV AUROC {warm.params()['cv_auroc']}")
-    print(f"  ratio cold / warm (best of each) {min(times[False]) / min(times[True]):.2f}x; objectives of the "
-          f"{len(diffs)} (fold, C, stage) fits: largest relative difference {max(diffs):.1e}, largest gap / "
-          f"objective {max(gaps):.1e}; test bag AUROC cold {bag_auroc(y_test, cold.decision_function(test)):.4f} "
-          f"warm {bag_auroc(y_test, warm.decision_function(test)):.4f}", flush=True)
+            P_o, P_n = o[f"{st}_objective"], r[f"{st}_objective"]
+            diffs.append(abs(P_n - P_o) / abs(P_o))
+            gaps.append(max(r[f"{st}_duality_gap"] / abs(P_n), o[f"{st}_duality_gap"] / abs(P_o)))
+            print(f"    fold {r['fold']} C {r['C']:g} {st}: objective previous {P_o:.10g} dual_cd {P_n:.10g} "
+                  f"(rel diff {diffs[-1]:.1e}); gap/objective previous {o[f'{st}_duality_gap'] / abs(P_o):.1e} "
+                  f"dual_cd {r[f'{st}_duality_gap'] / abs(P_n):.1e}; seconds previous {o['seconds']:.2f} "
+                  f"dual_cd {r['seconds']:.2f}")
+    print(f"[{store_path} layer {layer}: C by {old.cv_folds}-fold grouped CV over {list(old.Cs)} + final fit, "
+          f"warm starts]")
+    for name, probe in (("previous (stage 3 by smoothing)", old), ("dual_cd (stage 3 by dual coordinate descent)", new)):
+        key = probe.stage3_solver
+        print(f"  {name}: {min(times[key]):.1f} s (runs {[round(t, 1) for t in times[key]]}), chosen C "
+              f"{probe.params()['C']:g}, CV AUROC {probe.params()['cv_auroc']}, test bag AUROC "
+              f"{bag_auroc(y_test, probe.decision_function(test)):.4f}")
+    print(f"  ratio previous / dual_cd (best of each) {min(times['smoothing']) / min(times['dual_cd']):.2f}x; "
+          f"objectives of the {len(diffs)} (fold, C, stage) fits: largest relative difference {max(diffs):.1e}, "
+          f"largest gap / objective {max(gaps):.1e}", flush=True)
 
 
 def main(argv=None):
@@ -358,7 +358,7 @@ def main(argv=None):
     ap.add_argument("--C", type=float, default=100.0)
     ap.add_argument("--skip-cv", action="store_true", help="with --store: no C-by-CV fit")
     ap.add_argument("--cv-compare", type=int, default=0, metavar="REPS",
-                    help="with --store: the probe's CV fit cold vs warm-started, REPS alternating runs each "
+                    help="with --store: the probe's CV fit, stage 3 by the previous solver vs dual_cd, REPS alternating runs each "
                          "(instead of the one fit and the CV fit)")
     ap.add_argument("--wide", type=int, default=0, metavar="N_BAGS",
                     help="the cost of C by CV at width --dim on N_BAGS planted bags (see wide_cost)")

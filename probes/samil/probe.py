@@ -23,7 +23,7 @@ class SAwMILProbe(Probe):
     on its own training part), by held-out bag AUROC; `C` fixes it instead. `tokens` chooses the
     bag's tokens ("statement" or "all"); the other arguments are those of `SAwMIL` (`stage3_weights`
     "balanced" by default, "none" = the reference's unweighted stage 3; the solver options
-    `min_pos_ratio`, `fallback`, `max_iter`, `tol`, `num_threads`: None = SAwMIL's default). Runs on the
+    `min_pos_ratio`, `fallback`, `max_iter`, `tol`, `num_threads`, `stage3_solver`: None = SAwMIL's default). Runs on the
     accelerator's device ("auto": CUDA if present). As an estimator, X is `(tokens [T, d], offsets [n+1])`
     or a list of bags [n_i, d].
 
@@ -50,12 +50,13 @@ class SAwMILProbe(Probe):
                  stage3_weights: str = "balanced", standardize: bool = True, accelerator: str = "auto", seed: int = 0,
                  tokens: str = "statement", warm_cv: bool = True, min_pos_ratio: float | None = None,
                  fallback: str | None = None, max_iter: int | None = None, tol: float | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, stage3_solver: str | None = None):
         super().__init__()
         self.C, self.Cs, self.cv_folds, self.eta, self.k, self.c_scaling = C, tuple(Cs), cv_folds, eta, k, c_scaling
         self.stage3_weights, self.standardize, self.accelerator = stage3_weights, standardize, accelerator
         self.seed, self.tokens, self.warm_cv, self.min_pos_ratio = seed, tokens, warm_cv, min_pos_ratio
         self.fallback, self.max_iter, self.tol, self.num_threads = fallback, max_iter, tol, num_threads
+        self.stage3_solver = stage3_solver
         self._check_params()
         self.register_buffer("coef", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("intercept", torch.zeros((), dtype=torch.float64))
@@ -75,7 +76,7 @@ class SAwMILProbe(Probe):
     def _options(self) -> dict:
         """The SAwMIL arguments: eta, k, c_scaling, stage3_weights, seed, and the solver options given."""
         solver = dict(min_pos_ratio=self.min_pos_ratio, fallback=self.fallback, max_iter=self.max_iter, tol=self.tol,
-                      num_threads=self.num_threads)
+                      num_threads=self.num_threads, stage3_solver=self.stage3_solver)
         return dict(eta=self.eta, k=self.k, c_scaling=self.c_scaling, stage3_weights=self.stage3_weights,
                     seed=self.seed, **{k: v for k, v in solver.items() if v is not None})
 

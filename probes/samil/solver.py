@@ -8,6 +8,7 @@ import torch
 
 from probes.samil.bags import as_tensor, matvec
 from probes.samil import exact
+from probes.samil.dual_cd import dual_cd_polish
 from probes.samil.smoothing import newton_level
 
 MOVE_FRAC = 0.25     # active-set polish: at most this fraction of |F| joins per round
@@ -59,7 +60,7 @@ def _balanced_alpha(a: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
                    mu0: float = 0.1, mu_factor: float = 0.1, mu_min: float = 1e-9,
                    polish: bool = True, working_set: float = 0.005, device=None,
-                   w0=None, b0: float = 0.0, warm: bool = False) -> SVMResult:
+                   w0=None, b0: float = 0.0, warm: bool = False, dual_cd: bool = False) -> SVMResult:
     """Linear soft-margin SVM (hinge loss, L2, unregularised bias) in the primal.
 
     Solves::
@@ -119,6 +120,12 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
     same certificate decides, and when it does not hold the cold path above continues from its
     best point.
 
+    Dual coordinate descent first (``dual_cd=True``, CPU only): proximal rounds on the bias from
+    ``b0``, each a coordinate-descent solve of the box-constrained dual followed by a polish on its
+    partition (`probes.samil.dual_cd`); the same certificate decides, and when it does not hold the
+    path above continues from the best point. Several times faster on well-conditioned problems
+    (sAwMIL's stage 3); on crowded, near-degenerate ones (stage 1) coordinate descent crawls.
+
     ``X`` may be float32 or float64 (a float64 copy is used).
     """
     dev = torch.device(device) if device is not None else (X.device if isinstance(X, torch.Tensor) else torch.device("cpu"))
@@ -165,6 +172,18 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
     best = None
     converged = False
     level = 0
+    if dual_cd and polish and dev.type == "cpu":
+        best = (w, b, primal(w, u), float("inf"))
+        rec = dict(mu=0.0, n_iter=0)
+        w_d, b_d, _, rec["dual_cd"] = dual_cd_polish(X, y, c, rho, b, lambda w_, b_, a_: certify(w_, b_, a_, "dual_cd"))
+        rec["seconds"] = time.perf_counter() - t_begin
+        history.append(rec)
+        if w_d is not None:
+            w, b, P, gap = best
+            return SVMResult(coef=w, intercept=float(b), objective=P, duality_gap=gap, n_iter=n_iter,
+                             mu=0.0, converged=True, info=dict(history=history))
+        w, b = best[0], best[1]
+        u = rho - y * (X @ w + b)
     if warm and w0 is not None and polish:
         P = primal(w, u)
         best = (w, b, P, float("inf"))
