@@ -27,13 +27,12 @@ class SAwMILProbe(Probe):
     accelerator's device ("auto": CUDA if present). As an estimator, X is `(tokens [T, d], offsets [n+1])`
     or a list of bags [n_i, d].
 
-    With `warm_cv` (default) the grid's fits start from their neighbours' solutions: the full
-    training split at each C of the grid in ascending order (each from the previous C), then every
-    fold at every C from the full split's fit at that C (mapped into the fold's standardised
-    coordinates: the same score function); the final fit is the full split's fit at the chosen C.
-    Each fit still stops on its certified duality gap, so the models are those of cold fits to the
-    solver's tolerance (`warm_cv=false`: every fit from zero, the final one refitted).
-    `cv_fits_` records each CV fit (fold, C, objectives, gaps, seconds).
+    With `warm_cv` (default) the grid's fits start from their neighbours' solutions: on each fold,
+    the C of the grid in ascending order, each from the previous C's fit; the final fit on the whole
+    training split from a fold's fit at the chosen C (mapped into the split's standardised
+    coordinates: the same score function). Each fit still stops on its certified duality gap, so the
+    models are those of cold fits to the solver's tolerance (`warm_cv=false`: every fit from zero).
+    `cv_fits_` records each fit (fold, C, objectives, gaps, seconds; the final fit as fold None).
 
     `params()["degenerate"]` is true when the final fit is degenerate: ||coef|| <= DEGENERATE_NORM
     or every training bag gets the same score (such a probe's metrics are those of a constant).
@@ -99,7 +98,7 @@ class SAwMILProbe(Probe):
         return model.fit((train.X - mean) / std, train.offsets, y, warm_start=start), mean, std
 
     def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "SAwMILProbe":
-        self._full_fits, self.held_out_scores_ = {}, None
+        self._fold_fits, self.held_out_scores_ = {}, None
         cv_auroc = {} if self.C is not None else self._cross_validate(train, y, folds)
         C = self.C if self.C is not None else max(self.Cs, key=lambda c: (cv_auroc.get(c, -1.0), -c))
         if self.C is None and not cv_auroc:
@@ -107,11 +106,11 @@ class SAwMILProbe(Probe):
         elif cv_auroc and folds:
             self.held_out_scores_ = self._held_scores[C]
         self._held_scores = {}
-        if C in getattr(self, "_full_fits", {}):
-            model, self.mean, self.std = self._full_fits[C]
-        else:
-            model, self.mean, self.std = self._fit_one(C, train, y)
-        self._full_fits = {}
+        t0 = time.perf_counter()
+        model, self.mean, self.std = self._fit_one(C, train, y, warm=self._fold_fits.get(C))
+        if cv_auroc:
+            self._record(None, C, model, time.perf_counter() - t0)
+        self._fold_fits = {}
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
         options = {k: v for k, v in self._options.items() if isinstance(v, (int, float, str, type(None)))}
         train_scores = self._decision(train)
@@ -131,32 +130,26 @@ class SAwMILProbe(Probe):
         if not folds:
             return {}
         held_all = np.concatenate([held for _, held in folds])
-        self.cv_fits_, self._full_fits = [], {}
-
-        def record(fold, C, model, seconds):
-            info = model.fit_info_
-            self.cv_fits_.append(dict(fold=fold, C=float(C), seconds=seconds, **{
-                f"{st}_{k}": info[st][k] for st in ("stage1", "stage3") for k in ("objective", "duality_gap", "converged")}))
-
-        if self.warm_cv:    # the full split along the grid, each C from the previous one
-            scaling, prev = self._standardiser(train.X), None
+        self.cv_fits_ = []
+        scores = {C: np.full(len(y), np.nan) for C in self.Cs}
+        for f, (fit_idx, held_idx) in enumerate(folds):
+            part, held = train.subset(fit_idx), train.subset(held_idx)
+            scaling, prev = self._standardiser(part.X), None
             for C in sorted(self.Cs):
                 t0 = time.perf_counter()
-                prev = self._fit_one(C, train, y, warm=prev, scaling=scaling)
-                self._full_fits[C] = prev
-                record(None, C, prev[0], time.perf_counter() - t0)
-        result = {}
-        for C in self.Cs:
-            scores = np.full(len(y), np.nan)
-            for f, (fit_idx, held_idx) in enumerate(folds):
-                t0 = time.perf_counter()
-                model, mean, std = self._fit_one(C, train.subset(fit_idx), y[fit_idx], warm=self._full_fits.get(C))
-                record(f, C, model, time.perf_counter() - t0)
-                held = train.subset(held_idx)
-                scores[held_idx] = model.decision_function(((held.X - mean) / std).numpy(), held.offsets.numpy())
-            result[C] = auroc(y[held_all], scores[held_all])
-            self._held_scores[C] = scores
-        return result
+                fit = self._fit_one(C, part, y[fit_idx], warm=prev if self.warm_cv else None, scaling=scaling)
+                self._record(f, C, fit[0], time.perf_counter() - t0)
+                model, mean, std = prev = fit
+                scores[C][held_idx] = model.decision_function(((held.X - mean) / std).numpy(), held.offsets.numpy())
+                if self.warm_cv:
+                    self._fold_fits[C] = fit          # (the final fit at the chosen C starts from it)
+        self._held_scores = scores
+        return {C: auroc(y[held_all], scores[C][held_all]) for C in self.Cs}
+
+    def _record(self, fold, C, model, seconds):
+        info = model.fit_info_
+        self.cv_fits_.append(dict(fold=fold, C=float(C), seconds=seconds, **{
+            f"{st}_{k}": info[st][k] for st in ("stage1", "stage3") for k in ("objective", "duality_gap", "converged")}))
 
     def _decision(self, data: Features) -> np.ndarray:
         """float64 [N]: bag scores (max over each bag's token scores)."""

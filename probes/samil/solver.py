@@ -13,6 +13,7 @@ from probes.samil.smoothing import newton_level
 
 MOVE_FRAC = 0.25     # active-set polish: at most this fraction of |F| joins per round
 LEVEL_STEPS = 10     # Newton steps per smoothing level at most
+WARM_SHIFT = 0.1     # a warm start's interior point: slacks start this far from their values at (w0, b0)
 
 
 def hinge_objective(X, y, c, coef, intercept, rho=None) -> float:
@@ -192,7 +193,8 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
         try:
             res = exact.interior_point_working_set(X, y, c, rho, u, 0.0, w, b, tol * max(abs(P), 1e-12),
                                                    move_frac=MOVE_FRAC, ws=ws, gap_rel=tol, try_polish=False,
-                                                   accept=lambda w_, b_, a_: certify(w_, b_, a_, "round"))
+                                                   accept=lambda w_, b_, a_: certify(w_, b_, a_, "round"),
+                                                   shift=WARM_SHIFT)
         except FloatingPointError:     # (a warm start far off: the cold path below decides)
             res = None
         if res is not None:
