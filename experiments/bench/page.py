@@ -46,6 +46,12 @@ BENCHMARKS = [
      "One fit at C = 100 on all training bags at layer 16 (goal <= 1 s at one thread), then the probe's C "
      "by grouped CV over its grid with warm starts (one head).",
      ["experiments/bench/bench_samil.py", "--sizes", "--big", "0", "--store", STORE, "--layer", "16"]),
+    ("samil_solvers", "sAwMIL's C by CV: stage 3 by dual coordinate descent vs the previous solver",
+     "One head (true_vs_all) at layer 16, C by grouped CV over the default grid with warm starts, stage 3 "
+     "solved by the previous smoothing / interior-point path and by dual coordinate descent with the polish "
+     "(the default), alternating; the same chosen C and certified objectives are the check.",
+     ["experiments/bench/bench_samil.py", "--sizes", "--big", "0", "--store", STORE, "--layer", "16",
+      "--cv-compare", "1"]),
     ("layer_jobs", "One layer's job per probe, C by CV for samil",
      "What one `make run` job costs: every probe at layer 16 of the full city_locations store, one task "
      "(true_vs_all), samil with C by grouped CV (samil_C=null), in this process's threads.",
