@@ -191,9 +191,13 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
     targets = list(range(n_classes)) if n_classes > 2 else [1]
     params = {str(c): probe.params() for c, probe in zip(targets, heads)}
     reasons = degenerate_reasons(params, scores[train], metrics)
-    if reasons:
+    edges = [r for r in reasons if r.startswith("C_at_grid_edge")]
+    if len(edges) < len(reasons):
         log.warning("%s %s: degenerate fit (%s): its metrics describe a constant or a one-label probe",
-                    cfg.probe.name, task, "; ".join(reasons))
+                    cfg.probe.name, task, "; ".join(r for r in reasons if r not in edges))
+    if edges:
+        log.warning("%s %s: %s: C was chosen at the end of its grid, a wider grid (probe.Cs=[...]) may hold a "
+                    "better C", cfg.probe.name, task, "; ".join(edges))
     config = OmegaConf.to_container(cfg, resolve=True)
     config.pop("tasks", None)
     config["task"] = {"name": task}

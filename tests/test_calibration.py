@@ -144,7 +144,8 @@ def test_degenerate_and_one_label_fits_are_flagged(weak_dirs):
 
 def test_one_label_and_grid_edge_fits_are_flagged(weak_dirs, caplog):
     """A fit whose sets accept one label only, or whose C by CV sits on the grid's edge, is degenerate
-    (with the reason, and one warning line), although its weights are not zero."""
+    (with the reason, and one warning line: the grid's edge is named as such, not as a constant probe),
+    although its weights are not zero."""
     assert degenerate_reasons({"1": {"C": 1.0}}, np.array([[0.0], [1.0]]), {"single_label_accepted": True}) \
         == ["single_label_accepted"]
     assert degenerate_reasons({"1": {"C": 1.0}}, np.array([[0.0], [1.0]]), {"single_label_accepted": False}) == []
@@ -152,7 +153,9 @@ def test_one_label_and_grid_edge_fits_are_flagged(weak_dirs, caplog):
         cell = _run(weak_dirs, "probe=linear", "probe.Cs=[0.001,0.01]", "overwrite=true")
     edge = "lower" if cell["probe_params"]["1"]["C"] == 0.001 else "upper"
     assert cell["degenerate"] is True and f"C_at_grid_edge:{edge}" in cell["degenerate_reasons"]
-    assert any("degenerate fit" in r.getMessage() and "C_at_grid_edge" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("end of its grid" in m and "C_at_grid_edge" in m for m in messages)
+    assert not any("degenerate fit" in m and "C_at_grid_edge" in m for m in messages)   # (not "a constant")
     cv = {"Cs": [0.1, 1.0, 10.0], "cv_loss": [0.5, 0.4, 0.6]}
     assert [grid_edge({**cv, "C": c}) for c in (0.1, 1.0, 10.0)] == ["lower", None, "upper"]
     assert grid_edge({"Cs": [0.1, 10.0], "C": 10.0, "cv_auroc": {}}) is None   # no folds: C not chosen by CV
