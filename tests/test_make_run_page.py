@@ -1,0 +1,18 @@
+"""experiments.bench.make_run_page: the step and job times it reads from `make run`'s output."""
+from experiments.bench.make_run_page import job_table, steps
+
+
+def test_steps_and_jobs_from_make_output():
+    lines = [(0.0, ".venv/bin/python -m extract model=smollm2 data=city_locations"),
+             (5.0, "[10:00:00 INFO] store ready"),
+             (600.0, "OMP_NUM_THREADS=1 .venv/bin/python -m experiments.sweep model=smollm2 workers=2"),
+             (700.0, "[10:10:00 INFO] [1/3] samil layer 4: done in 90.0 s (1.7 min elapsed)"),
+             (720.0, "[10:10:20 INFO] [2/3] samil layer 3: done in 110.0 s (2.0 min elapsed)"),
+             (730.0, "[10:10:30 INFO] [3/3] mean_diff layer 4: FAILED in 10.0 s (2.2 min elapsed)"),
+             (1500.0, ".venv/bin/python -m experiments.report model=smollm2 data=city_locations"),
+             (1560.0, "")]
+    assert [(cmd.split(" -m ")[1].split()[0], sec) for cmd, sec in steps(lines)] == [
+        ("extract", 600.0), ("experiments.sweep", 900.0), ("experiments.report", 60.0)]
+    table = job_table(lines)
+    assert table[2] == "| samil | 2 | 100 s | 110 s | 3.3 |"     # the probe with the most worker time first
+    assert table[3] == "| mean_diff | 1 | 10 s | 10 s | 0.2 |"
