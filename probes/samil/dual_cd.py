@@ -97,8 +97,9 @@ def dual_cd_polish(X: torch.Tensor, y: torch.Tensor, c: torch.Tensor, rho: torch
     """Proximal rounds on the bias from ``b0``, each followed by a polish on its partition, until
     ``accept(w, b, alpha)`` (the caller's certificate) holds. ``X [n, d]`` float64 on the CPU, ``y``,
     ``c``, ``rho [n]`` float64. Returns ``(w [d], b, alpha [n], info)`` of the accepted solution, or
-    ``(None, None, None, info)`` after `ROUNDS` rounds or `BUDGET` passes' worth of coordinate visits
-    (the caller goes on by another path); ``info``: the rounds' visits (in passes) and polish rounds."""
+    ``(None, None, None, info)`` after `ROUNDS` rounds, `BUDGET` passes' worth of coordinate visits or a
+    round whose bias moved by at most `PG_TOL` (the caller goes on by another path from ``info["point"]``,
+    the last round's ``(w [d], b)``); ``info``: the rounds' visits (in passes) and polish rounds."""
     Xn = np.ascontiguousarray(X.numpy())
     yn, cn, rn = (np.ascontiguousarray(v.numpy()) for v in (y, c, rho))
     sq_norms = np.einsum("ij,ij->i", Xn, Xn)
@@ -121,5 +122,9 @@ def dual_cd_polish(X: torch.Tensor, y: torch.Tensor, c: torch.Tensor, rho: torch
         info["polish"].append(None if pol is None else int(pol[3]))
         if pol is not None and accept(*pol[:3]):
             return pol[0], float(pol[1]), pol[2], info
-        b += s * float(wb[0])
+        shift = s * float(wb[0])
+        b += shift
+        info["point"] = (torch.from_numpy(w), b)
+        if abs(shift) <= PG_TOL:     # the bias has settled: the partition, not the bias, is what fails
+            break
     return None, None, None, info

@@ -123,8 +123,9 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
 
     Dual coordinate descent first (``dual_cd=True``, CPU only): proximal rounds on the bias from
     ``b0``, each a coordinate-descent solve of the box-constrained dual followed by a polish on its
-    partition (`probes.samil.dual_cd`); the same certificate decides, and when it does not hold the
-    path above continues from the best point. Several times faster on well-conditioned problems
+    partition (`probes.samil.dual_cd`); when the polish does not settle, the interior point on the
+    examples near the last round's margin (as after a warm start); the same certificate decides, and
+    when it does not hold the path above continues from the best point. Several times faster on well-conditioned problems
     (sAwMIL's stage 3); on crowded, near-degenerate ones (stage 1) coordinate descent crawls.
 
     ``X`` may be float32 or float64 (a float64 copy is used).
@@ -176,10 +177,23 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
     if dual_cd and polish and dev.type == "cpu":
         best = (w, b, primal(w, u), float("inf"))
         rec = dict(mu=0.0, n_iter=0)
-        w_d, b_d, _, rec["dual_cd"] = dual_cd_polish(X, y, c, rho, b, lambda w_, b_, a_: certify(w_, b_, a_, "dual_cd"))
+        w_d, _, _, info_d = dual_cd_polish(X, y, c, rho, b, lambda w_, b_, a_: certify(w_, b_, a_, "dual_cd"))
+        rec["dual_cd"] = {k: v for k, v in info_d.items() if k != "point"}
+        converged = w_d is not None
+        if not converged and "point" in info_d:
+            # the polish did not settle the partition: the interior point on the examples near the
+            # coordinate-descent solution's margin (as after a warm start), the others held by their side
+            w_c, b_c = info_d["point"]
+            u_c = rho - y * (X @ w_c + b_c)
+            res = exact.interior_point_working_set(
+                X, y, c, rho, u_c, 0.0, w_c, b_c, tol * max(abs(primal(w_c, u_c)), 1e-12), move_frac=MOVE_FRAC,
+                ws=exact.warm_working_set(u_c, y, c, d, exact.COLD_BAND), gap_rel=tol, try_polish=False,
+                accept=lambda w_, b_, a_: certify(w_, b_, a_, "round"), shift=WARM_SHIFT)
+            if res is not None:
+                converged = certify(res[0], res[1], res[2], "ipm", ipm_iter=res[3], ipm_set=res[4])
         rec["seconds"] = time.perf_counter() - t_begin
         history.append(rec)
-        if w_d is not None:
+        if converged:
             w, b, P, gap = best
             return SVMResult(coef=w, intercept=float(b), objective=P, duality_gap=gap, n_iter=n_iter,
                              mu=0.0, converged=True, info=dict(history=history))
