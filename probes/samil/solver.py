@@ -167,6 +167,26 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
             best = (w_, b_, P_, gap_)
         return gap_ <= tol * max(abs(P_), 1e-12)
 
+    def ipm_near(w_: torch.Tensor, b_: float, band: float | None) -> bool:
+        """The interior point on the examples near the margin of (w_, b_) (`exact.warm_working_set`,
+        ``band``), the others held by their side, its rounds ended by the certificate; True if it holds."""
+        u_ = rho - y * (X @ w_ + b_)
+        ws = exact.warm_working_set(u_, y, c, d, band)
+        rec["warm_set"] = int(ws.sum())
+        try:
+            res = exact.interior_point_working_set(X, y, c, rho, u_, 0.0, w_, b_, tol * max(abs(primal(w_, u_)), 1e-12),
+                                                   move_frac=MOVE_FRAC, ws=ws, gap_rel=tol, try_polish=False,
+                                                   accept=lambda w2, b2, a2: certify(w2, b2, a2, "round"),
+                                                   shift=WARM_SHIFT)
+        except FloatingPointError:     # (a start far off: the cold path decides)
+            return False
+        return res is not None and certify(res[0], res[1], res[2], "ipm", ipm_iter=res[3], ipm_set=res[4])
+
+    def result(converged_: bool, mu_: float) -> SVMResult:
+        w_, b_, P_, gap_ = best
+        return SVMResult(coef=w_, intercept=float(b_), objective=P_, duality_gap=gap_, n_iter=n_iter,
+                         mu=mu_, converged=converged_, info=dict(history=history))
+
     t_begin = time.perf_counter()
     n_iter = 0
     mu = float(mu0)
@@ -174,52 +194,23 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
     best = None
     converged = False
     level = 0
-    if dual_cd and polish and dev.type == "cpu":
-        best = (w, b, primal(w, u), float("inf"))
-        rec = dict(mu=0.0, n_iter=0)
+    def from_dual_cd() -> bool:
         w_d, _, _, info_d = dual_cd_polish(X, y, c, rho, b, lambda w_, b_, a_: certify(w_, b_, a_, "dual_cd"))
         rec["dual_cd"] = {k: v for k, v in info_d.items() if k != "point"}
-        converged = w_d is not None
-        if not converged and "point" in info_d:
-            # the polish did not settle the partition: the interior point on the examples near the
-            # coordinate-descent solution's margin (as after a warm start), the others held by their side
-            w_c, b_c = info_d["point"]
-            u_c = rho - y * (X @ w_c + b_c)
-            res = exact.interior_point_working_set(
-                X, y, c, rho, u_c, 0.0, w_c, b_c, tol * max(abs(primal(w_c, u_c)), 1e-12), move_frac=MOVE_FRAC,
-                ws=exact.warm_working_set(u_c, y, c, d, exact.COLD_BAND), gap_rel=tol, try_polish=False,
-                accept=lambda w_, b_, a_: certify(w_, b_, a_, "round"), shift=WARM_SHIFT)
-            if res is not None:
-                converged = certify(res[0], res[1], res[2], "ipm", ipm_iter=res[3], ipm_set=res[4])
-        rec["seconds"] = time.perf_counter() - t_begin
-        history.append(rec)
-        if converged:
-            w, b, P, gap = best
-            return SVMResult(coef=w, intercept=float(b), objective=P, duality_gap=gap, n_iter=n_iter,
-                             mu=0.0, converged=True, info=dict(history=history))
-        w, b = best[0], best[1]
-        u = rho - y * (X @ w + b)
+        # the polish did not settle the partition: the interior point near the last round's margin
+        return w_d is not None or ("point" in info_d and ipm_near(*info_d["point"], exact.COLD_BAND))
+
+    attempts = [from_dual_cd] if dual_cd and polish and dev.type == "cpu" else []
     if warm and w0 is not None and polish:
-        P = primal(w, u)
-        best = (w, b, P, float("inf"))
-        ws = exact.warm_working_set(u, y, c, d)
-        rec = dict(mu=0.0, n_iter=0, P=P, warm_set=int(ws.sum()))
-        try:
-            res = exact.interior_point_working_set(X, y, c, rho, u, 0.0, w, b, tol * max(abs(P), 1e-12),
-                                                   move_frac=MOVE_FRAC, ws=ws, gap_rel=tol, try_polish=False,
-                                                   accept=lambda w_, b_, a_: certify(w_, b_, a_, "round"),
-                                                   shift=WARM_SHIFT)
-        except FloatingPointError:     # (a warm start far off: the cold path below decides)
-            res = None
-        if res is not None:
-            w_i, b_i, a_i, its, n_ws, _ = res
-            converged = certify(w_i, b_i, a_i, "ipm", ipm_iter=its, ipm_set=n_ws)
+        attempts.append(lambda: ipm_near(w, b, None))
+    for attempt in attempts:       # the fast starts; each falls back to the next, then to the cold path
+        best = (w, b, primal(w, u), float("inf"))
+        rec = dict(mu=0.0, n_iter=0, P=best[2])
+        converged = attempt()
         rec["seconds"] = time.perf_counter() - t_begin
         history.append(rec)
         if converged:
-            w, b, P, gap = best
-            return SVMResult(coef=w, intercept=float(b), objective=P, duality_gap=gap, n_iter=n_iter,
-                             mu=0.0, converged=True, info=dict(history=history))
+            return result(True, 0.0)
         w, b = best[0], best[1]
         u = rho - y * (X @ w + b)
     while True:
@@ -267,6 +258,4 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
             break
         mu *= mu_factor
         level += 1
-    w, b, P, gap = best
-    return SVMResult(coef=w, intercept=float(b), objective=P, duality_gap=gap, n_iter=n_iter,
-                      mu=mu, converged=converged, info=dict(history=history))
+    return result(converged, mu)
