@@ -107,6 +107,8 @@ def main(argv=None) -> None:
     ap.add_argument("--log", default=str(ROOT / "make_run.log"))
     ap.add_argument("--from-log", action="store_true", help="write the page from an earlier run's --log, no rerun")
     args = ap.parse_args(argv)
+    if args.from_log and not Path(args.log).is_file():
+        sys.exit(f"--from-log: no log at {args.log}; run without --from-log, or give --log a make_run.log")
     stamp = page_stamp()
     lines, code = read_log(Path(args.log)) if args.from_log else run_make(Path(args.log))
     if code:
