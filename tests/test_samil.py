@@ -319,8 +319,8 @@ def test_warm_started_svm_same_optimum():
 
 
 def test_warm_cv_equals_cold_cv():
-    """C by grouped CV with warm starts (each fold along the grid, the final fit from a fold's fit at
-    the chosen C) == every fit from zero: the same chosen C, the same certified objective of
+    """C by grouped CV with warm starts (each fold along the grid, its first C from the previous fold's
+    fit, the final fit from a fold's fit at the chosen C) == every fit from zero: the same chosen C, the same certified objective of
     every (fold, C) fit in both stages, and the same final model to the solver's tolerance."""
     X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
     train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)

@@ -28,7 +28,8 @@ class SAwMILProbe(Probe):
     or a list of bags [n_i, d].
 
     With `warm_cv` (default) the grid's fits start from their neighbours' solutions: on each fold,
-    the C of the grid in ascending order, each from the previous C's fit; the final fit on the whole
+    the C of the grid in ascending order, each from the previous C's fit, the smallest C from the previous
+    fold's fit at that C (only the first fold's first fit starts from zero); the final fit on the whole
     training split from a fold's fit at the chosen C (mapped into the split's standardised
     coordinates: the same score function). Each fit still stops on its certified duality gap, so the
     models are those of cold fits to the solver's tolerance (`warm_cv=false`: every fit from zero).
@@ -134,7 +135,8 @@ class SAwMILProbe(Probe):
         scores = {C: np.full(len(y), np.nan) for C in self.Cs}
         for f, (fit_idx, held_idx) in enumerate(folds):
             part, held = train.subset(fit_idx), train.subset(held_idx)
-            scaling, prev = self._standardiser(part.X), None
+            # a fold's first C starts from the previous fold's fit at that C (half of its rows are shared)
+            scaling, prev = self._standardiser(part.X), self._fold_fits.get(min(self.Cs))
             for C in sorted(self.Cs):
                 t0 = time.perf_counter()
                 fit = self._fit_one(C, part, y[fit_idx], warm=prev if self.warm_cv else None, scaling=scaling)
