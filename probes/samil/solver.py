@@ -98,8 +98,10 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
        ``n <= exact.IPM_FULL_N`` or when they are most of the problem), the others held at
        ``alpha = 0`` or ``c``; a polish on all examples from its partition returns the
        exact vertex solution, and when it does not settle the examples held on the wrong
-       side join the set for another round.  It runs after the first level when
-       ``n <= exact.IPM_FULL_N`` or the first level's band (times 3) holds more than 60 % of
+       side join the set for another round.  With ``n <= exact.IPM_FULL_N`` (a cold start) it runs
+       first, on every example, before any smoothing level (whose optimum would only be its start:
+       250 planted bags' stage 1, 1.16 -> 0.95 s); else after the first level when
+       the first level's band (times 3) holds more than 60 % of
        the examples (the smoothed partition is then no guide), else after the second -- then on the
        examples within ``exact.COLD_BAND`` of the smoothed margin, its rounds ending as soon as
        the certificate holds (violators left outside that cost less than the tolerance), without
@@ -200,9 +202,22 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
         # the polish did not settle the partition: the interior point near the last round's margin
         return w_d is not None or ("point" in info_d and ipm_near(*info_d["point"], exact.COLD_BAND))
 
+    def ipm_all() -> bool:
+        """The interior point on every example, then a polish (few examples: the smoothing level would
+        only find its start); True if the certificate holds."""
+        try:
+            res = exact.interior_point_working_set(X, y, c, rho, u, 0.0, w, b, 0.0, move_frac=MOVE_FRAC, gap_rel=tol,
+                                                   ws=torch.ones(n, dtype=torch.bool, device=dev))
+        except FloatingPointError:
+            return False
+        return res is not None and certify(res[0], res[1], res[2], "polish" if res[5] else "ipm", ipm_iter=res[3],
+                                           ipm_set=res[4])
+
     attempts = [from_dual_cd] if dual_cd and polish and dev.type == "cpu" else []
     if warm and w0 is not None and polish:
         attempts.append(lambda: ipm_near(w, b, None))
+    elif polish and n <= exact.IPM_FULL_N:
+        attempts.append(ipm_all)
     for attempt in attempts:       # the fast starts; each falls back to the next, then to the cold path
         best = (w, b, primal(w, u), float("inf"))
         rec = dict(mu=0.0, n_iter=0, P=best[2])
