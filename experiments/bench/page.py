@@ -72,12 +72,14 @@ def machine() -> str:
 
 
 def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
-    """Run `python args` from the repository root: (printed lines without progress bars, seconds, exit code)."""
+    """Run `python args` from the repository root: (printed lines without progress bars, the work folder
+    as `bench_work`; seconds, exit code)."""
     argv = [sys.executable, *(a.format(work=work) for a in args)]
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     lines = [line for chunk in (done.stdout + done.stderr).split("\n") for line in chunk.split("\r")]
-    kept = [line.rstrip() for line in lines if line.strip() and not PROGRESS.search(line)]
+    # (the work folder named as in the commands shown, not as this machine's path)
+    kept = [line.rstrip().replace(str(work), "bench_work") for line in lines if line.strip() and not PROGRESS.search(line)]
     return kept, time.perf_counter() - started, done.returncode
 
 
