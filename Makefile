@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 # for every probe that has one (samil included), the five tasks in one job per probe and layer (heads fitted once
 # per layer), the score maps on out-of-fold scores (conf/train_probe.yaml `calibration`). experiments.sweep runs
 # the (probe, layer) jobs on RUN_WORKERS one-thread workers from one queue, longest first: no layer lists by
-# hand, any model. Each job writes only its own cells; rerunning resumes.
-RUN_WORKERS ?= 2
+# hand, any model. Each job writes only its own cells; rerunning resumes. RUN_WORKERS defaults to the usable
+# cores (the sweep's wall time is its worker-minutes over the workers; a SmolLM2 samil layer job peaks at 1.7 GB RSS).
+RUN_WORKERS ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
 RUN_TASKS := [true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]
 RUN_ARGS = model=smollm2 data=city_locations 'tasks=$(RUN_TASKS)'
 run: install

@@ -1,11 +1,12 @@
 """experiments.bench.make_run_page: the step and job times it reads from `make run`'s output."""
-from experiments.bench.make_run_page import job_table, steps
+from experiments.bench.make_run_page import job_table, steps, workers
 
 
 def test_steps_and_jobs_from_make_output():
     lines = [(0.0, ".venv/bin/python -m extract model=smollm2 data=city_locations"),
              (5.0, "[10:00:00 INFO] store ready"),
              (600.0, "OMP_NUM_THREADS=1 .venv/bin/python -m experiments.sweep model=smollm2 workers=2"),
+             (610.0, "[10:00:10][sweep][INFO] - 3 jobs (samil x 2, mean_diff x 1) on 2 worker(s), longest first"),
              (700.0, "[10:10:00 INFO] [1/3] samil layer 4: done in 90.0 s (1.7 min elapsed)"),
              (720.0, "[10:10:20 INFO] [2/3] samil layer 3: done in 110.0 s (2.0 min elapsed)"),
              (730.0, "[10:10:30 INFO] [3/3] mean_diff layer 4: FAILED in 10.0 s (2.2 min elapsed)"),
@@ -16,3 +17,4 @@ def test_steps_and_jobs_from_make_output():
     table = job_table(lines)
     assert table[2] == "| samil | 2 | 100 s | 110 s | 3.3 |"     # the probe with the most worker time first
     assert table[3] == "| mean_diff | 1 | 10 s | 10 s | 0.2 |"
+    assert workers(lines) == "2" and workers(lines[:2]) == "?"

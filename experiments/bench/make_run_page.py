@@ -28,6 +28,7 @@ FIGURE = "smollm2_city_locations_mcc_by_layer.png"
 FIGURE_COPY = ROOT / "experiments" / "figures" / FIGURE   # (the manual shows it as docs/figures/)
 JOB = re.compile(r"\[(\d+)/(\d+)\] (\w+) layer (\d+): \w+ in ([\d.]+) s")
 STEP = re.compile(r"^(\w+=\S+ )*(\S*python\S* -m \S+|test -x |touch )")   # a command make echoes
+WORKERS = re.compile(r"\d+ jobs \(.*\) on (\d+) worker\(s\)")             # the sweep's first line
 
 
 def run_make(log: Path) -> tuple[list[tuple[float, str]], int]:
@@ -74,6 +75,11 @@ def job_table(lines: list[tuple[float, str]]) -> list[str]:
     return rows
 
 
+def workers(lines: list[tuple[float, str]]) -> str:
+    """The number of sweep workers, as the sweep's first line states it ("?" when absent)."""
+    return next((m.group(1) for _, text in lines if (m := WORKERS.search(text))), "?")
+
+
 def page(stamp: str, lines: list[tuple[float, str]]) -> str:
     total = lines[-1][0]
     step_rows = ["| step | wall |", "|---|---|"] + [f"| `{cmd[:160]}` | {sec / 60:.1f} min |" for cmd, sec in steps(lines)]
@@ -87,8 +93,9 @@ def page(stamp: str, lines: list[tuple[float, str]]) -> str:
         "all five tasks in one job per probe and layer (the tasks share each layer's heads), C chosen by "
         "grouped cross-validation for every probe that has one (samil included), out-of-fold calibration "
         "from the CV fold fits (`calibration=out_of_fold_cv`, see [Differences](../differences.md)). "
-        "`python -m experiments.sweep` runs the jobs on `RUN_WORKERS` one-thread workers from one queue, "
-        "longest first; the layers are the store's, so another model needs no edit.", "",
+        "`python -m experiments.sweep` runs the jobs on `RUN_WORKERS` one-thread workers (default: the "
+        f"machine's cores; here {workers(lines)}) from one queue, longest first, so the sweep's wall time is "
+        "about its worker-minutes over the workers; the layers are the store's, so another model needs no edit.", "",
         f"**Wall time: {total / 60:.1f} min** on this machine, by step:", "", *step_rows, "",
         "The probe jobs (each: one probe at one layer, five tasks, C by CV where the probe has one):", "",
         *job_table(lines), "",
