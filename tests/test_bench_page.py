@@ -12,6 +12,11 @@ def test_printed_lines_kept_without_progress_bars(tmp_path):
     assert lines == ["ratio = 0.46", "done"]
 
 
+def test_work_folder_shown_as_in_the_commands(tmp_path):
+    lines, _, code = run_one(["-c", "import sys; print('[' + sys.argv[1] + ' layer 16]')", "{work}/store.h5"], tmp_path)
+    assert code == 0 and lines == ["[bench_work/store.h5 layer 16]"]     # not this machine's path
+
+
 def test_failed_benchmark_is_marked(tmp_path):
     lines, _, code = run_one(["-c", "import sys; print('partial'); sys.exit(3)"], tmp_path)
     text = section("extract", "Extraction", "what", ["-m", "x"], lines, 1.0, code, "commit abc")
