@@ -30,9 +30,9 @@ from probes.pipeline import make_probe, method_name, train_probes
 from probes.schema import validate
 
 log = logging.getLogger("sweep")
-# seconds per layer and probe, five tasks in one job, C by CV, SmolLM2 city_locations at one thread (README
-# "Benchmarks"): only their order matters for the schedule
-COST = {"samil": 190.0, "mlp": 40.0, "linear": 28.0, "mean_diff": 2.0}
+# seconds per layer and probe, five tasks in one job, C by CV, SmolLM2 city_locations at one thread (the
+# median jobs of docs/results/make_run.md): only their order matters for the schedule
+COST = {"samil": 106.0, "mlp": 31.0, "linear": 6.0, "mean_diff": 2.0}
 OWN = ("probes", "workers", "threads")
 
 
