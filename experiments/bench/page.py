@@ -64,6 +64,7 @@ BENCHMARKS = [
      ["experiments/bench/bench_samil.py", "--skip-package", "--big", "0", "--wide", "2929", "--dim", "4096"]),
 ]
 PROGRESS = re.compile(r"\d+/\d+ \[|it/s\]|s/it\]|stmt/s")
+SHOWN_WORK = "bench_work"      # the work folder as the page names it (in commands and printed lines)
 
 
 def machine() -> str:
@@ -73,19 +74,18 @@ def machine() -> str:
 
 def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
     """Run `python args` from the repository root: (printed lines without progress bars, the work folder
-    as `bench_work`; seconds, exit code)."""
+    named SHOWN_WORK in them, not as this machine's path; seconds, exit code)."""
     argv = [sys.executable, *(a.format(work=work) for a in args)]
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     lines = [line for chunk in (done.stdout + done.stderr).split("\n") for line in chunk.split("\r")]
-    # (the work folder named as in the commands shown, not as this machine's path)
-    kept = [line.rstrip().replace(str(work), "bench_work") for line in lines if line.strip() and not PROGRESS.search(line)]
+    kept = [line.rstrip().replace(str(work), SHOWN_WORK) for line in lines if line.strip() and not PROGRESS.search(line)]
     return kept, time.perf_counter() - started, done.returncode
 
 
 def section(name: str, heading: str, what: str, args: list[str], lines: list[str], seconds: float, code: int,
             stamp: str) -> str:
-    command = " ".join(["python", *args]).replace("{work}", "bench_work")
+    command = " ".join(["python", *args]).replace("{work}", SHOWN_WORK)
     status = "" if code == 0 else f" **It failed (exit code {code}); its last lines are below.**"
     body = lines if code == 0 else lines[-30:]
     return "\n".join([f"<!-- bench:{name} -->", f"## {heading}", "", what, "",
