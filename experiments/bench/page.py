@@ -8,6 +8,11 @@ under one provenance line (commit, date, command, machine); nothing on it is typ
 real-store benchmarks read SmolLM2 city_locations at layer 16, extracted into `--work` first when it
 is not complete (every statement, that layer only). `--only` reruns some benchmarks and keeps the other
 sections of the existing page as they are (each section names the commit it ran at).
+
+    python -m experiments.bench.page --gpu-log LOG
+
+puts what `bash experiments/bench/gpu_check.sh` printed on a CUDA machine (LOG) in the page's GPU section,
+under the provenance line the script printed there (commit, date, machine, GPU), and keeps the others.
 """
 from __future__ import annotations
 
@@ -63,6 +68,12 @@ BENCHMARKS = [
      "should expect per head and per layer (a CV at d = 4096 takes hours here).",
      ["experiments/bench/bench_samil.py", "--skip-package", "--big", "0", "--wide", "2929", "--dim", "4096"]),
 ]
+GPU = ("gpu", "On a GPU: extraction, its checks, the linear probe and sAwMIL on CUDA",
+       "`experiments/bench/gpu_check.sh` on a CUDA machine: 2000 city_locations statements extracted in bfloat16 "
+       "with and without the shared prefix (times; the two stores and a plain `output_hidden_states` forward "
+       "compared), the linear probe's C by CV, one sAwMIL fit and its C by CV (one head), one sAwMIL fit at "
+       "d = 4096, then one `make run` samil layer job (every statement, layer 16, five tasks, C by CV) on CUDA.",
+       ["bash", "experiments/bench/gpu_check.sh"])
 PROGRESS = re.compile(r"\d+/\d+ \[|it/s\]|s/it\]|stmt/s")
 SHOWN_WORK = "bench_work"      # the work folder as the page names it (in commands and printed lines)
 
@@ -83,13 +94,14 @@ def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
     return kept, time.perf_counter() - started, done.returncode
 
 
-def section(name: str, heading: str, what: str, args: list[str], lines: list[str], seconds: float, code: int,
+def section(name: str, heading: str, what: str, args: list[str], lines: list[str], seconds: float | None, code: int,
             stamp: str) -> str:
-    command = " ".join(["python", *args]).replace("{work}", SHOWN_WORK)
+    """One benchmark's section: what it measures, its command (with its minutes when timed here) and its lines."""
+    command = " ".join(["python", *args] if args[0] != "bash" else args).replace("{work}", SHOWN_WORK)
     status = "" if code == 0 else f" **It failed (exit code {code}); its last lines are below.**"
     body = lines if code == 0 else lines[-30:]
     return "\n".join([f"<!-- bench:{name} -->", f"## {heading}", "", what, "",
-                      f"`{command}` ({seconds / 60:.1f} min, {stamp}).{status}", "", "```text", *body, "```",
+                      f"`{command}` ({'' if seconds is None else f'{seconds / 60:.1f} min, '}{stamp}).{status}", "", "```text", *body, "```",
                       f"<!-- /bench:{name} -->", ""])
 
 
@@ -106,8 +118,15 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--work", default=str(ROOT / "bench_work"), help="store and scratch folder (kept for reruns)")
     ap.add_argument("--only", nargs="*", choices=[b[0] for b in BENCHMARKS], help="rerun these, keep the others")
+    ap.add_argument("--gpu-log", help="what gpu_check.sh printed on a CUDA machine: its section, the others kept")
     args = ap.parse_args(argv)
     work, out = Path(args.work).resolve(), Path(args.out)
+    if args.gpu_log:
+        sections = kept_sections(out)
+        sections[GPU[0]] = gpu_section(Path(args.gpu_log))
+        write_page(out, page(sections, page_stamp(), machine(), args))
+        print(f"written: {out}")
+        return
     stamp = page_stamp()
     where = machine()
     print("the SmolLM2 city_locations store at layer 16 in", work, "(extracted or resumed when not complete)",
@@ -128,19 +147,35 @@ def main(argv=None) -> None:
     print(f"written: {out}")
 
 
+def gpu_section(log: Path) -> str:
+    """The GPU section from a gpu_check.sh log: its lines (progress bars left out) under the provenance line
+    the script printed first."""
+    if not log.is_file():
+        sys.exit(f"--gpu-log {log}: no such file; give the output of `bash experiments/bench/gpu_check.sh`")
+    lines = [line.rstrip() for chunk in log.read_text().split("\n") for line in chunk.split("\r")]
+    lines = [line for line in lines if line.strip() and not PROGRESS.search(line)]
+    stamp = next((line.removeprefix("gpu_check: ") for line in lines if line.startswith("gpu_check: ")), None)
+    if stamp is None:
+        sys.exit(f"--gpu-log {log}: no 'gpu_check:' provenance line; is it gpu_check.sh's output?")
+    name, heading, what, args = GPU
+    return section(name, heading, what, args, [line for line in lines if not line.startswith("gpu_check: ")],
+                   None, 0, stamp)
+
+
 def write_page(out: Path, text: str) -> None:
     atomic_write(out, lambda f: f.write(text.encode()))
 
 
 def page(sections: dict[str, str], stamp: str, where: str, args) -> str:
-    command = "make bench" if not args.only else f"python -m experiments.bench.page --only {' '.join(args.only)}"
+    command = ("make bench" if not args.only else f"python -m experiments.bench.page --only {' '.join(args.only)}") \
+        if not args.gpu_log else "python -m experiments.bench.page --gpu-log LOG"
     head = ["# Benchmarks", "",
             f"> Generated by `{command}` ({stamp}; {where}). Every figure below is printed by the command "
             "shown with it, in one run: compare ratios, not seconds across runs (a shared 2-core machine is "
             "noisy). Rerun one section with `python -m experiments.bench.page --only NAME`.", "",
             "The cost of the whole study (`make run`, every layer of every probe with C by CV) is on "
             "[its results page](results/make_run.md).", ""]
-    body = [sections[name] for name, *_ in BENCHMARKS if name in sections]
+    body = [sections[name] for name, *_ in [*BENCHMARKS, GPU] if name in sections]
     return "\n".join(head + body)
 
 
