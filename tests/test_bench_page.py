@@ -1,8 +1,9 @@
 """The benchmarks page (`make bench`): what a benchmark prints goes on the page without progress bars, a
-failed benchmark says so, and `--only` reruns keep the other sections."""
-from types import SimpleNamespace
+failed benchmark says so, `--only` reruns and a GPU log (`--gpu-log`) keep the other sections."""
 
-from experiments.bench.page import BENCHMARKS, kept_sections, page, run_one, section, write_page
+import pytest
+
+from experiments.bench.page import BENCHMARKS, kept_sections, main, page, run_one, section, write_page
 
 
 def test_printed_lines_kept_without_progress_bars(tmp_path):
@@ -28,12 +29,30 @@ def test_only_rerun_keeps_the_other_sections_in_order(tmp_path):
     names = [b[0] for b in BENCHMARKS]
     sections = {name: section(name, f"heading {name}", "what", ["-m", name], [f"line of {name}"], 60.0, 0, "commit old")
                 for name in names}
-    write_page(out, page(sections, "commit old", "2 x CPU", SimpleNamespace(only=None)))
+    write_page(out, page(sections, "commit old", "2 x CPU", "make bench"))
     kept = kept_sections(out)
     assert list(kept) == names and kept == sections
     kept[names[1]] = section(names[1], "new", "what", ["-m", "y"], ["new line"], 6.0, 0, "commit new")
-    write_page(out, page(kept, "commit new", "2 x CPU", SimpleNamespace(only=[names[1]])))
+    write_page(out, page(kept, "commit new", "2 x CPU", f"python -m experiments.bench.page --only {names[1]}"))
     text = out.read_text()
     assert "line of " + names[0] in text and "new line" in text and "line of " + names[1] not in text
     assert text.index(names[0]) < text.index("new line") < text.index("line of " + names[2])
     assert f"--only {names[1]}" in text.splitlines()[2]
+
+
+def test_gpu_log_becomes_the_gpu_section_and_keeps_the_others(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    name = BENCHMARKS[0][0]
+    write_page(out, page({name: section(name, "h", "what", ["-m", name], ["cpu line"], 60.0, 0, "commit old")},
+                         "commit old", "2 x CPU", "make bench"))
+    log = tmp_path / "gpu.log"
+    log.write_text("gpu_check: commit abc1234, 2026-12-04 15:00 UTC; Linux x86_64, X, 16 cores, NVIDIA H200; torch 2\n"
+                   "Loading weights:  54%|#####  | 146/272 [00:00<00:00, 1447.35it/s]\rsamil layer job on cuda: 12 s\n")
+    main(["--out", str(out), "--gpu-log", str(log)])
+    text = out.read_text()
+    assert "cpu line" in text and text.index("cpu line") < text.index("samil layer job on cuda: 12 s")
+    assert "`bash experiments/bench/gpu_check.sh` (commit abc1234, 2026-12-04 15:00 UTC; Linux x86_64" in text
+    assert "Loading weights" not in text and "--gpu-log LOG" in text.splitlines()[2]
+    log.write_text("not a gpu_check log\n")
+    with pytest.raises(SystemExit, match="no 'gpu_check:' provenance line"):
+        main(["--out", str(out), "--gpu-log", str(log)])
