@@ -26,12 +26,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 # the (probe, layer) jobs on RUN_WORKERS one-thread workers from one queue, longest first: no layer lists by
 # hand, any model. Each job writes only its own cells; rerunning resumes. RUN_WORKERS defaults to the usable
 # cores (the sweep's wall time is its worker-minutes over the workers; a SmolLM2 samil layer job peaks at 1.7 GB RSS).
+# The workers fit on the CPU (RUN_ACCELERATOR=cpu) even where CUDA is present: the workers' GPU jobs queue on the one
+# GPU (experiments/sweep.py); extraction uses the GPU. RUN_ACCELERATOR=auto puts the probe jobs on it.
 RUN_WORKERS ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+RUN_ACCELERATOR ?= cpu
 RUN_TASKS := [true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]
 RUN_ARGS = model=smollm2 data=city_locations 'tasks=$(RUN_TASKS)'
 run: install
 	$(PY) -m extract model=smollm2 data=city_locations
-	OMP_NUM_THREADS=1 $(PY) -m experiments.sweep $(RUN_ARGS) 'probes=[samil,linear,mlp,mean_diff]' workers=$(RUN_WORKERS)
+	OMP_NUM_THREADS=1 $(PY) -m experiments.sweep $(RUN_ARGS) 'probes=[samil,linear,mlp,mean_diff]' workers=$(RUN_WORKERS) \
+		trainer.accelerator=$(RUN_ACCELERATOR)
 	$(PY) -m experiments.report model=smollm2 data=city_locations
 
 test: install

@@ -45,7 +45,7 @@ def test_jobs_cover_every_stored_layer_longest_first(dirs):
 def test_sweep_cells_equal_plain_train_probe_runs(dirs, tmp_path):
     results = tmp_path / "swept"
     done = subprocess.run([sys.executable, "-m", "experiments.sweep", *_args(dirs, results),
-                           "probes=[mean_diff,linear]", "workers=2"], cwd=ROOT, capture_output=True, text=True,
+                           "probes=[mean_diff,linear]", "workers=2", "trainer.accelerator=cpu"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count(" done in ") == 4
@@ -56,7 +56,7 @@ def test_sweep_cells_equal_plain_train_probe_runs(dirs, tmp_path):
     try:
         for probe in ("mean_diff", "linear"):
             train_probes(run_cfg(dirs, f"probe={probe}", "tasks=[true_vs_all,multiclass]", "layer=[0,1]",
-                                 "n_boot=20", f"results_dir={tmp_path / 'plain'}"))
+                                 "n_boot=20", "trainer.accelerator=cpu", f"results_dir={tmp_path / 'plain'}"))
     finally:
         torch.set_num_threads(threads)
     for path in swept:
