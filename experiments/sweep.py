@@ -30,6 +30,7 @@ from multiprocessing import get_context
 from hydra.errors import HydraException
 
 from extract.config import CONF_DIR, compose_config
+from extract.entry import reuse_freed_memory
 from extract.errors import ToolkitError, check_count
 from extract.store import ActivationStore, select_layers, store_path
 from probes.pipeline import make_probe, method_name, train_probes
@@ -82,6 +83,7 @@ def _init_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    reuse_freed_memory()
     logging.getLogger().setLevel(logging.WARNING)   # the main process reports each job
 
 

@@ -60,6 +60,7 @@ def entry_main(config_name: str, schema: type, run: str | Callable, summary: Cal
     def job(cfg):
         if "threads" in cfg:
             set_threads(cfg.threads, log)
+            reuse_freed_memory()
         if isinstance(run, str):
             module, function = run.split(":")
             return getattr(importlib.import_module(module), function)(cfg)
@@ -111,6 +112,23 @@ def set_threads(value, log: logging.Logger | None = None) -> int:
     if log is not None:
         log.info("torch CPU threads: %d (%s; threads=N sets it)", n, why)
     return n
+
+
+def reuse_freed_memory() -> bool:
+    """Keep the memory this process frees for its next allocations (glibc: no mmap for large blocks, no
+    trimming of the heap's top); True where it took effect, False off glibc. PyTorch's CPU tensors come
+    from malloc, and glibc serves a block over 32 MB by mmap and unmaps it when freed, so each large
+    temporary (a float64 copy of a layer's rows) is fresh pages the kernel zeroes: a SmolLM2 samil layer
+    job (five tasks, C by CV, one thread) spent 23.5 s of its 120 s in the kernel, with this 6.9 s of 97 s,
+    its cells unchanged. The process keeps its peak memory until it exits (1.73 -> 1.98 GB there)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4       # glibc's malloc.h
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def quoted(args: list[str], keys: tuple[str, ...], renames: dict[str, str] | None = None) -> list[str]:
