@@ -33,6 +33,7 @@ from extract.config import CONF_DIR, compose_config
 from extract.entry import reuse_freed_memory
 from extract.errors import ToolkitError, check_count
 from extract.store import ActivationStore, select_layers, store_path
+from probes.base import resolve_device
 from probes.pipeline import make_probe, method_name, train_probes
 from probes.schema import validate
 
@@ -94,6 +95,9 @@ def sweep(argv: list[str]) -> int:
     probes = [p.strip() for p in own.get("probes", "[linear,mean_diff,mlp,samil]").strip("[]").split(",") if p.strip()]
     workers, threads = (check_count(_int(own.get(k, d), k), k) for k, d in (("workers", "2"), ("threads", "1")))
     jobs = plan(overrides, probes)
+    warning = shared_gpu_warning(_compose(jobs[0][2]).trainer.accelerator, workers)
+    if warning:
+        log.warning("%s", warning)
     log.info("%d jobs (%s) on %d worker(s), longest first", len(jobs),
              ", ".join(f"{p} x {sum(j[0] == p for j in jobs)}" for p in dict.fromkeys(j[0] for j in jobs)), workers)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -114,6 +118,16 @@ def sweep(argv: list[str]) -> int:
         log.error("%d job(s) failed (listed above); rerun the same command to retry them, finished cells are kept",
                   len(failed))
     return 1 if failed else 0
+
+
+def shared_gpu_warning(accelerator: str, workers: int) -> str | None:
+    """The line to warn with when several workers would fit on the GPU (all on cuda:0, where their jobs
+    queue), else None."""
+    if workers < 2 or resolve_device(accelerator).type != "cuda":
+        return None
+    return (f"{workers} workers with trainer.accelerator={accelerator} all fit on cuda:0, where their jobs queue "
+            "(16 workers on an H200: a samil layer job every ~39 s); with several cores trainer.accelerator=cpu "
+            "is faster (make run's default), or run workers=1 on the GPU")
 
 
 def _compose(overrides: list[str]):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.sweep import COST, plan
+from experiments.sweep import COST, plan, shared_gpu_warning
 from extract.errors import ToolkitError
 from probes.pipeline import train_probes
 from tests.helpers import comparable, make_synthetic_store, run_cfg
@@ -78,3 +78,12 @@ def test_bad_options_are_one_line_before_any_job(dirs, tmp_path, args, needle):
     assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
     with pytest.raises(ToolkitError):
         plan(_args(dirs, tmp_path / "r"), [])
+
+
+def test_several_workers_on_one_gpu_are_warned_about(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "all fit on cuda:0" in shared_gpu_warning("auto", 16)
+    assert "all fit on cuda:0" in shared_gpu_warning("gpu", 2)
+    assert shared_gpu_warning("cpu", 16) is None and shared_gpu_warning("auto", 1) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert shared_gpu_warning("auto", 16) is None
