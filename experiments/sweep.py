@@ -17,7 +17,6 @@ On a machine with one GPU, several workers' GPU jobs queue on it: on an H200 wit
 run's median job on one CPU thread: 93 s), where 16 one-thread CPU workers (`trainer.accelerator=cpu`, what
 `make run` passes) give 93 / 16 = 5.8 s a job (arithmetic, not measured there).
 """
-
 from __future__ import annotations
 
 import logging

@@ -119,8 +119,8 @@ def reuse_freed_memory() -> bool:
     trimming of the heap's top); True where it took effect, False off glibc. PyTorch's CPU tensors come
     from malloc, and glibc serves a block over 32 MB by mmap and unmaps it when freed, so each large
     temporary (a float64 copy of a layer's rows) is fresh pages the kernel zeroes: a SmolLM2 samil layer
-    job (five tasks, C by CV, one thread) spent 23.5 s of its 120 s in the kernel, with this 6.9 s of 97 s,
-    its cells unchanged. The process keeps its peak memory until it exits (1.73 -> 1.98 GB there)."""
+    job (five tasks, C by CV, one thread) spent 23.5 s of its 120 s in the kernel, with this 9.4 s of 102 s,
+    its cells unchanged. The process keeps its peak memory until it exits (1.73 -> 1.97 GB there)."""
     import ctypes
 
     try:
