@@ -147,7 +147,11 @@ class MLPProbe(Probe):
             self._best = (loss, self.current_epoch, state)
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.net.parameters(), lr=float(self.lr), weight_decay=float(self.weight_decay))
+        # foreach: one call a step for all parameters (on the CPU torch's default loops over them in Python); the
+        # same arithmetic bit for bit (a SmolLM2 layer job's five cells identical); 300 steps at hidden=256 on one
+        # thread 1.38 -> 1.07 s, in a whole mlp layer job (~10 % of it in AdamW) within this machine's noise
+        return torch.optim.AdamW(self.net.parameters(), lr=float(self.lr), weight_decay=float(self.weight_decay),
+                                 foreach=True)
 
     # -- Probe interface --------------------------------------------------------------------------
     def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "MLPProbe":   # (folds: unused)

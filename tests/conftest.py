@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # set before any module imports transformers
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core: each worker, and every process its tests start, on one
+    # thread (several OpenMP teams per core spin-wait on each other: a 46 s test took 213 s)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
 
 from tests.helpers import extract_config  # noqa: E402
 
