@@ -14,8 +14,8 @@ them (existing ones skipped), so a killed sweep resumes by rerunning the command
 
 On a machine with one GPU, several workers' GPU jobs queue on it: on an H200 with 16 cores, 16 workers with
 `trainer.accelerator=auto` ran SmolLM2 samil layer jobs at ~39 s each (one job alone: 45 s on the GPU; make
-run's median job on one CPU thread: 93 s), where 16 one-thread CPU workers (`trainer.accelerator=cpu`, what
-`make run` passes) give 93 / 16 = 5.8 s a job (arithmetic, not measured there).
+run's median job on one CPU thread: 88 s), where 16 one-thread CPU workers (`trainer.accelerator=cpu`, what
+`make run` passes) give 88 / 16 = 5.5 s a job (arithmetic, not measured there).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from probes.schema import validate
 log = logging.getLogger("sweep")
 # seconds per layer and probe, five tasks in one job, C by CV, SmolLM2 city_locations at one thread (the
 # median jobs of docs/results/make_run.md): only their order matters for the schedule
-COST = {"samil": 93.0, "mlp": 34.0, "linear": 6.0, "mean_diff": 2.0}
+COST = {"samil": 88.0, "mlp": 28.0, "linear": 5.0, "mean_diff": 1.0}
 OWN = ("probes", "workers", "threads")
 
 
