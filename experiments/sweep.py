@@ -19,6 +19,7 @@ run's median job on one CPU thread: 88 s), where 16 one-thread CPU workers (`tra
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import sys
@@ -65,7 +66,22 @@ def plan(overrides: list[str], probes: list[str]) -> list[tuple[str, int, list[s
         make_probe(job)   # every job's options checked now, not when the job starts
         method_name(job)
         jobs += [(probe, k, [*common, f"probe={probe}", *extra, f"layer={k}"]) for k in layers]
+    return longest_first(jobs)
+
+
+def longest_first(jobs: list[tuple]) -> list[tuple]:
+    """Jobs ``(probe, layer, ...)`` in the order the workers take them: decreasing `COST` of their probe
+    (an unknown probe counts as the costliest), otherwise as given (stable)."""
     return sorted(jobs, key=lambda j: -COST.get(j[0], max(COST.values())))
+
+
+def replay(seconds: list[float], workers: int) -> float:
+    """Wall seconds of jobs taking ``seconds`` (in queue order) on ``workers`` workers that each take the
+    next job when free: the sweep's schedule with its job times given (e.g. measured ones)."""
+    free = [0.0] * workers
+    for s in seconds:
+        heapq.heappush(free, heapq.heappop(free) + s)
+    return max(free)
 
 
 def run_job(probe: str, layer: int, overrides: list[str]) -> tuple[str, int, float, str | None]:

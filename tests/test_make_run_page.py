@@ -1,5 +1,5 @@
 """experiments.bench.make_run_page: the step and job times it reads from `make run`'s output."""
-from experiments.bench.make_run_page import job_table, steps, workers
+from experiments.bench.make_run_page import RUN_STAMP, job_table, replay_table, run_stamp, steps, workers
 
 
 def test_steps_and_jobs_from_make_output():
@@ -18,3 +18,22 @@ def test_steps_and_jobs_from_make_output():
     assert table[2] == "| samil | 2 | 100 s | 110 s | 3.3 |"     # the probe with the most worker time first
     assert table[3] == "| mean_diff | 1 | 10 s | 10 s | 0.2 |"
     assert workers(lines) == "2" and workers(lines[:2]) == "?"
+
+
+def test_replay_table_and_run_stamp():
+    lines = [(0.0, RUN_STAMP + "commit abc1234, 2026-12-04 20:00 UTC"),
+             (0.0, ".venv/bin/python -m extract model=smollm2 data=city_locations"),
+             (60.0, "OMP_NUM_THREADS=1 .venv/bin/python -m experiments.sweep model=smollm2 workers=2"),
+             (100.0, "[10:00:00 INFO] [1/4] mlp layer 0: done in 60.0 s (1.0 min elapsed)"),
+             (130.0, "[10:00:00 INFO] [2/4] samil layer 1: done in 120.0 s (2.0 min elapsed)"),
+             (150.0, "[10:00:00 INFO] [3/4] samil layer 0: done in 120.0 s (2.5 min elapsed)"),
+             (160.0, "[10:00:00 INFO] [4/4] mlp layer 1: done in 60.0 s (2.7 min elapsed)"),
+             (300.0, ".venv/bin/python -m experiments.report model=smollm2 data=city_locations"),
+             (360.0, "")]
+    assert run_stamp(lines) == "commit abc1234, 2026-12-04 20:00 UTC"
+    assert "does not name its commit" in run_stamp(lines[1:])
+    rows = replay_table(lines)
+    # queue: samil 0, samil 1, mlp 0, mlp 1; other steps 60 + 60 s
+    assert rows[2] == "| 1 | 6.0 min | 8.0 min |"
+    assert rows[3] == "| 2 | 3.0 min | 5.0 min |"
+    assert rows[4] == "| 4 | 2.0 min | 4.0 min |"

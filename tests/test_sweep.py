@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.sweep import COST, plan, shared_gpu_warning
+from experiments.sweep import COST, plan, replay, shared_gpu_warning
 from extract.errors import ToolkitError
 from probes.pipeline import train_probes
 from tests.helpers import comparable, make_synthetic_store, run_cfg
@@ -40,6 +40,13 @@ def test_jobs_cover_every_stored_layer_longest_first(dirs):
     only = plan([*_args(dirs, dirs / "r"), "samil.layer=[1]", "samil.C=100"], ["linear", "samil"])
     assert [j[:2] for j in only] == [("samil", 1), ("linear", 0), ("linear", 1)]
     assert "probe.C=100" in only[0][2] and not any("probe.C" in o for o in only[1][2])
+
+
+def test_replay_is_the_workers_schedule():
+    # 2 workers: 5 | 4, then 3 on the one free at 4 (-> 7), 3 on the one free at 5 (-> 8), 3 at 7 (-> 10)
+    assert replay([5.0, 4.0, 3.0, 3.0, 3.0], 2) == 10.0
+    assert replay([5.0, 4.0, 3.0, 3.0, 3.0], 1) == 18.0
+    assert replay([5.0, 4.0, 3.0], 8) == 5.0 and replay([], 2) == 0.0
 
 
 def test_sweep_cells_equal_plain_train_probe_runs(dirs, tmp_path):

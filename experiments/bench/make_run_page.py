@@ -5,7 +5,8 @@
 Runs `make run` in this checkout (on a fresh clone that includes `make install`), keeps its output in
 `--log` with the time of every line, and writes the page: a provenance line (commit, date, command,
 machine), the wall time of each step (the commands make echoes), the probe jobs' times per probe (from
-`experiments.sweep`'s log lines), and the report's best-layer tables (`reports/<model>/<data>/best.md`,
+`experiments.sweep`'s log lines), those job times replayed on 1-16 workers by the sweep's own schedule
+(`experiments.sweep.replay`: what more cores would give, checked against the measured sweep), and the report's best-layer tables (`reports/<model>/<data>/best.md`,
 copied as written) with its MCC-by-layer figure. Nothing on the page is typed by hand.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from evaluation.cells import atomic_write
 from evaluation.provenance import host, page_stamp
+from experiments.sweep import longest_first, replay
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "reports" / "smollm2" / "city_locations"
@@ -28,14 +30,18 @@ FIGURE = "smollm2_city_locations_mcc_by_layer.png"
 FIGURE_COPY = ROOT / "experiments" / "figures" / FIGURE   # (the manual shows it as docs/figures/)
 JOB = re.compile(r"\[(\d+)/(\d+)\] (\w+) layer (\d+): \w+ in ([\d.]+) s")
 STEP = re.compile(r"^(\w+=\S+ )*(\S*python\S* -m \S+|test -x |touch )")   # a command make echoes
+RUN_STAMP = "# make run at "                                              # the log's first line
 WORKERS = re.compile(r"\d+ jobs \(.*\) on (\d+) worker\(s\)")             # the sweep's first line
+REPLAY_WORKERS = (1, 2, 4, 8, 16)
 
 
 def run_make(log: Path) -> tuple[list[tuple[float, str]], int]:
-    """`make run`, each output line with its time since the start (also written to `log`)."""
-    lines, t0 = [], time.perf_counter()
+    """`make run`, each output line with its time since the start (also written to `log`, after a first
+    line naming the commit and date of the run)."""
+    lines, t0 = [(0.0, RUN_STAMP + page_stamp())], time.perf_counter()
     with open(log, "w") as fh, subprocess.Popen(["make", "run"], cwd=ROOT, stdout=subprocess.PIPE,
                                                  stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        fh.write(f"{0.0:9.1f} {lines[0][1]}\n")
         for line in proc.stdout:
             t = time.perf_counter() - t0
             lines.append((t, line.rstrip("\n")))
@@ -61,13 +67,16 @@ def steps(lines: list[tuple[float, str]]) -> list[tuple[str, float]]:
     return [(text, (starts[i + 1][0] if i + 1 < len(starts) else end) - t) for i, (t, text) in enumerate(starts)]
 
 
+def jobs(lines: list[tuple[float, str]]) -> list[tuple[str, int, float]]:
+    """(probe, layer, seconds) of every probe job the sweep reported, in completion order."""
+    return [(m.group(3), int(m.group(4)), float(m.group(5))) for _, text in lines if (m := JOB.search(text))]
+
+
 def job_table(lines: list[tuple[float, str]]) -> list[str]:
     """Markdown rows: per probe, its layer jobs' count, median and largest seconds and their sum."""
     per = {}
-    for _, text in lines:
-        m = JOB.search(text)
-        if m:
-            per.setdefault(m.group(3), []).append(float(m.group(5)))
+    for probe, _, seconds in jobs(lines):
+        per.setdefault(probe, []).append(seconds)
     rows = ["| probe | layer jobs | median | largest | sum (worker-minutes) |", "|---|---|---|---|---|"]
     for probe, secs in sorted(per.items(), key=lambda kv: -sum(kv[1])):
         rows.append(f"| {probe} | {len(secs)} | {statistics.median(secs):.0f} s | {max(secs):.0f} s | "
@@ -75,9 +84,34 @@ def job_table(lines: list[tuple[float, str]]) -> list[str]:
     return rows
 
 
+def replay_table(lines: list[tuple[float, str]]) -> list[str]:
+    """Markdown rows: the sweep's measured job times replayed on 1, 2, 4, ... workers by the sweep's own rule
+    (`experiments.sweep.replay`, queue order `longest_first`), and `make run` with its other steps as measured."""
+    queue = [seconds for _, _, seconds in longest_first(sorted(jobs(lines), key=lambda j: j[1]))]
+    other = sum(sec for cmd, sec in steps(lines) if "experiments.sweep" not in cmd)
+    rows = ["| workers | sweep | `make run` |", "|---|---|---|"]
+    for k in REPLAY_WORKERS:
+        sweep = replay(queue, k)
+        rows.append(f"| {k} | {sweep / 60:.1f} min | {(sweep + other) / 60:.1f} min |")
+    return rows
+
+
 def workers(lines: list[tuple[float, str]]) -> str:
     """The number of sweep workers, as the sweep's first line states it ("?" when absent)."""
     return next((m.group(1) for _, text in lines if (m := WORKERS.search(text))), "?")
+
+
+def sweep_minutes(lines: list[tuple[float, str]]) -> float:
+    """Wall minutes of the sweep step."""
+    return next(sec for cmd, sec in steps(lines) if "experiments.sweep" in cmd) / 60
+
+
+def run_stamp(lines: list[tuple[float, str]]) -> str:
+    """The commit and date of the run, as its log's first line records them (logs written before that line
+    existed: the page's own stamp, saying so)."""
+    if lines and lines[0][1].startswith(RUN_STAMP):
+        return lines[0][1][len(RUN_STAMP):]
+    return f"page written at {page_stamp()} from an earlier run's log that does not name its commit"
 
 
 def page(stamp: str, lines: list[tuple[float, str]]) -> str:
@@ -99,6 +133,13 @@ def page(stamp: str, lines: list[tuple[float, str]]) -> str:
         f"**Wall time: {total / 60:.1f} min** on this machine, by step:", "", *step_rows, "",
         "The probe jobs (each: one probe at one layer, five tasks, C by CV where the probe has one):", "",
         *job_table(lines), "",
+        "The same jobs replayed (not run) on more workers: each worker takes the next job of the sweep's "
+        "queue, longest first, when it is free, with the job times measured above; `make run` adds the "
+        f"other steps' times measured here. The replay on this run's {workers(lines)} workers against the "
+        f"sweep's measured wall ({sweep_minutes(lines):.1f} min) shows what the rule leaves out (process starts, "
+        "reading the store); on more cores the job times hold only where the cores do not share a memory "
+        "bus they saturate.", "",
+        *replay_table(lines), "",
         "## What `make run` finds", "",
         f"![MCC and W-MCC by layer, SmolLM2-135M-Instruct, city_locations](../figures/{FIGURE})", "",
         "Best layer per probe and task (chosen on the calibration split, entity-disjoint from test), test "
@@ -116,12 +157,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.from_log and not Path(args.log).is_file():
         sys.exit(f"--from-log: no log at {args.log}; run without --from-log, or give --log a make_run.log")
-    stamp = page_stamp()
     lines, code = read_log(Path(args.log)) if args.from_log else run_make(Path(args.log))
     if code:
         sys.exit(f"make run failed (exit {code}); its output is in {args.log}")
     shutil.copyfile(REPORT / "mcc_by_layer.png", FIGURE_COPY)
-    text = page(stamp, lines)
+    text = page(run_stamp(lines), lines)
     atomic_write(Path(args.out), lambda f: f.write(text.encode()))
     print(f"written: {args.out} ({lines[-1][0] / 60:.1f} min)")
 
