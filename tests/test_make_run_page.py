@@ -1,5 +1,8 @@
 """experiments.bench.make_run_page: the step and job times it reads from `make run`'s output."""
-from experiments.bench.make_run_page import RUN_STAMP, job_table, replay_table, run_stamp, steps, workers
+import pytest
+
+from experiments.bench.make_run_page import (RUN_STAMP, job_table, main, read_log, replay_table, run_stamp, steps,
+                                             workers)
 
 
 def test_steps_and_jobs_from_make_output():
@@ -37,3 +40,18 @@ def test_replay_table_and_run_stamp():
     assert rows[2] == "| 1 | 6.0 min | 8.0 min |"
     assert rows[3] == "| 2 | 3.0 min | 5.0 min |"
     assert rows[4] == "| 4 | 2.0 min | 4.0 min |"
+
+
+def test_an_unfinished_or_failed_log_is_one_line(tmp_path):
+    log = tmp_path / "make_run.log"
+    start = ("      0.0 # make run at commit abc1234, 2026-12-04 20:00 UTC\n"
+             "      0.1 .venv/bin/python -m extract model=smollm2 data=city_locations\n")
+    log.write_text(start)                                   # killed: no exit line
+    with pytest.raises(SystemExit, match="does not end with make run's exit status"):
+        main(["--from-log", "--log", str(log), "--out", str(tmp_path / "page.md")])
+    log.write_text(start + "     30.0 # make run exited 2\n")
+    lines, code = read_log(log)
+    assert code == 2 and lines[-1] == (30.0, "") and lines[1][1].startswith(".venv/bin/python -m extract")
+    with pytest.raises(SystemExit, match="make run failed"):
+        main(["--from-log", "--log", str(log), "--out", str(tmp_path / "page.md")])
+    assert not (tmp_path / "page.md").exists()

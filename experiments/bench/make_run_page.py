@@ -31,13 +31,14 @@ FIGURE_COPY = ROOT / "experiments" / "figures" / FIGURE   # (the manual shows it
 JOB = re.compile(r"\[(\d+)/(\d+)\] (\w+) layer (\d+): \w+ in ([\d.]+) s")
 STEP = re.compile(r"^(\w+=\S+ )*(\S*python\S* -m \S+|test -x |touch )")   # a command make echoes
 RUN_STAMP = "# make run at "                                              # the log's first line
+RUN_EXIT = "# make run exited "                                           # its last line
 WORKERS = re.compile(r"\d+ jobs \(.*\) on (\d+) worker\(s\)")             # the sweep's first line
 REPLAY_WORKERS = (1, 2, 4, 8, 16)
 
 
 def run_make(log: Path) -> tuple[list[tuple[float, str]], int]:
-    """`make run`, each output line with its time since the start (also written to `log`, after a first
-    line naming the commit and date of the run)."""
+    """`make run`, each output line with its time since the start (also written to `log`, between a first
+    line naming the commit and date of the run and a last one with its exit status)."""
     lines, t0 = [(0.0, RUN_STAMP + page_stamp())], time.perf_counter()
     with open(log, "w") as fh, subprocess.Popen(["make", "run"], cwd=ROOT, stdout=subprocess.PIPE,
                                                  stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
@@ -50,14 +51,19 @@ def run_make(log: Path) -> tuple[list[tuple[float, str]], int]:
             if JOB.search(line) or STEP.match(line):
                 print(f"{t / 60:6.1f} min  {line.rstrip()}", flush=True)
         code = proc.wait()
-    lines.append((time.perf_counter() - t0, ""))
+        t = time.perf_counter() - t0
+        fh.write(f"{t:9.1f} {RUN_EXIT}{code}\n")
+    lines.append((t, ""))
     return lines, code
 
 
-def read_log(log: Path) -> tuple[list[tuple[float, str]], int]:
-    """The lines of an earlier run's log as `run_make` returns them (its last line marks the end)."""
+def read_log(log: Path) -> tuple[list[tuple[float, str]], int | None]:
+    """The lines of an earlier run's log and its exit status, as `run_make` returns them (status None: the
+    log has no last line, the run did not finish)."""
     lines = [(float(line[:9]), line[10:].rstrip("\n")) for line in log.read_text().splitlines(keepends=True)]
-    return lines + [(lines[-1][0], "")], 0
+    if not lines or not lines[-1][1].startswith(RUN_EXIT):
+        return lines, None
+    return lines[:-1] + [(lines[-1][0], "")], int(lines[-1][1][len(RUN_EXIT):])
 
 
 def steps(lines: list[tuple[float, str]]) -> list[tuple[str, float]]:
@@ -158,8 +164,13 @@ def main(argv=None) -> None:
     if args.from_log and not Path(args.log).is_file():
         sys.exit(f"--from-log: no log at {args.log}; run without --from-log, or give --log a make_run.log")
     lines, code = read_log(Path(args.log)) if args.from_log else run_make(Path(args.log))
+    if code is None:
+        sys.exit(f"{args.log} does not end with make run's exit status (a run that did not finish, or a log "
+                 "written before it was recorded): rerun without --from-log")
     if code:
         sys.exit(f"make run failed (exit {code}); its output is in {args.log}")
+    if not (REPORT / "best.md").is_file():
+        sys.exit(f"no report at {REPORT}: write it with `python -m experiments.report model=smollm2 data=city_locations`")
     shutil.copyfile(REPORT / "mcc_by_layer.png", FIGURE_COPY)
     text = page(run_stamp(lines), lines)
     atomic_write(Path(args.out), lambda f: f.write(text.encode()))
