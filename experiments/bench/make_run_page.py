@@ -6,8 +6,8 @@ Runs `make run` in this checkout (on a fresh clone that includes `make install`)
 `--log` with the time of every line, and writes the page: a provenance line (commit, date, command,
 machine), the wall time of each step (the commands make echoes), the probe jobs' times per probe (from
 `experiments.sweep`'s log lines), those job times replayed on 1-16 workers by the sweep's own schedule
-(`experiments.sweep.replay`: what more cores would give, checked against the measured sweep), and the report's best-layer tables (`reports/<model>/<data>/best.md`,
-copied as written) with its MCC-by-layer figure. Nothing on the page is typed by hand.
+(`experiments.sweep.replay`: what more cores would give, checked against the measured sweep), and the
+report's best-layer tables (`reports/<model>/<data>/best.md`, copied as written) with its MCC-by-layer figure. Nothing on the page is typed by hand.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def replay_table(lines: list[tuple[float, str]]) -> list[str]:
     """Markdown rows: the sweep's measured job times replayed on 1, 2, 4, ... workers by the sweep's own rule
     (`experiments.sweep.replay`, queue order `longest_first`), and `make run` with its other steps as measured."""
     queue = [seconds for _, _, seconds in longest_first(sorted(jobs(lines), key=lambda j: j[1]))]
-    other = sum(sec for cmd, sec in steps(lines) if "experiments.sweep" not in cmd)
+    other = sum(sec for _, sec in steps(lines)) - sweep_seconds(lines)
     rows = ["| workers | sweep | `make run` |", "|---|---|---|"]
     for k in REPLAY_WORKERS:
         sweep = replay(queue, k)
@@ -107,9 +107,9 @@ def workers(lines: list[tuple[float, str]]) -> str:
     return next((m.group(1) for _, text in lines if (m := WORKERS.search(text))), "?")
 
 
-def sweep_minutes(lines: list[tuple[float, str]]) -> float:
-    """Wall minutes of the sweep step."""
-    return next(sec for cmd, sec in steps(lines) if "experiments.sweep" in cmd) / 60
+def sweep_seconds(lines: list[tuple[float, str]]) -> float:
+    """Wall seconds of the sweep step."""
+    return next(sec for cmd, sec in steps(lines) if "experiments.sweep" in cmd)
 
 
 def run_stamp(lines: list[tuple[float, str]]) -> str:
@@ -142,7 +142,7 @@ def page(stamp: str, lines: list[tuple[float, str]]) -> str:
         "The same jobs replayed (not run) on more workers: each worker takes the next job of the sweep's "
         "queue, longest first, when it is free, with the job times measured above; `make run` adds the "
         f"other steps' times measured here. The replay on this run's {workers(lines)} workers against the "
-        f"sweep's measured wall ({sweep_minutes(lines):.1f} min) shows what the rule leaves out (process starts, "
+        f"sweep's measured wall ({sweep_seconds(lines) / 60:.1f} min) shows what the rule leaves out (process starts, "
         "reading the store); on more cores the job times hold only where the cores do not share a memory "
         "bus they saturate.", "",
         *replay_table(lines), "",
