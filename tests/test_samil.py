@@ -369,6 +369,19 @@ def test_dual_cd_same_optimum_and_fallback(monkeypatch):
     assert abs(fallback.objective - ref.objective) <= 1e-6 * ref.objective
 
 
+def _same_cv_fits(old, new, tol: float = 1e-6):
+    """Two probes' C by CV (3 folds x 3 C + the final fit) agree: the same chosen C, and every (fold, C)
+    fit of ``new`` converged in both stages to the certified objective of ``old``'s."""
+    assert old.params()["C"] == new.params()["C"]
+    old_fits = {(r["fold"], r["C"]): r for r in old.cv_fits_}
+    assert old_fits.keys() == {(r["fold"], r["C"]) for r in new.cv_fits_} and len(old_fits) == 10
+    for r in new.cv_fits_:
+        o = old_fits[(r["fold"], r["C"])]
+        for st in ("stage1", "stage3"):
+            assert r[f"{st}_converged"] and r[f"{st}_duality_gap"] <= tol * r[f"{st}_objective"]
+            assert abs(r[f"{st}_objective"] - o[f"{st}_objective"]) <= 2 * tol * o[f"{st}_objective"], (r, st)
+
+
 def test_stage3_dual_cd_cv_equals_previous_solver():
     """C by grouped CV with stage 3 by dual coordinate descent (the default) == by the previous
     smoothing path: the same chosen C, the same certified objective of every (fold, C) fit in both
@@ -377,16 +390,53 @@ def test_stage3_dual_cd_cv_equals_previous_solver():
     train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
     old, new = (SAwMILProbe(accelerator="cpu", stage3_solver=s, Cs=(1.0, 10.0, 100.0)).fit(train, y)
                 for s in ("smoothing", "dual_cd"))
-    assert old.params()["C"] == new.params()["C"]
-    tol = 1e-6
-    old_fits = {(r["fold"], r["C"]): r for r in old.cv_fits_}
-    assert old_fits.keys() == {(r["fold"], r["C"]) for r in new.cv_fits_} and len(old_fits) == 10
-    for r in new.cv_fits_:
-        o = old_fits[(r["fold"], r["C"])]
-        for st in ("stage1", "stage3"):
-            assert r[f"{st}_converged"] and r[f"{st}_duality_gap"] <= tol * r[f"{st}_objective"]
-            assert abs(r[f"{st}_objective"] - o[f"{st}_objective"]) <= 2 * tol * o[f"{st}_objective"], (r, st)
+    _same_cv_fits(old, new)
     s_old, s_new = old.decision_function(train), new.decision_function(train)
     assert np.abs(s_old - s_new).max() <= 1e-2 * np.abs(s_old).max()
     with pytest.raises(Exception, match="stage3_solver"):
         SAwMILProbe(stage3_solver="newton")
+
+
+def test_rows_products_equal_float64():
+    """`kernels.Rows` (float32-held rows and float64 ones, read by compiled kernels) gives the float64
+    products of its rows, whatever their order: the float32-exact rows first (sMIL's stage 1), mixed, all
+    exact, none exact."""
+    from probes.samil.kernels import Rows
+    rng = np.random.default_rng(3)
+    X32 = torch.from_numpy(rng.normal(size=(700, 40)).astype(np.float32)).double()     # exact in float32
+    Xm = torch.from_numpy(rng.normal(size=(90, 40))) / 3.0                               # bag-mean-like: not
+    perm = torch.from_numpy(rng.permutation(790))
+    D, t = torch.rand(790, dtype=torch.float64), torch.randn(790, dtype=torch.float64)
+    v = torch.randn(41, dtype=torch.float64)
+    for X in (torch.cat([X32, Xm]), torch.cat([X32, Xm])[perm], X32, Xm):
+        rows = Rows(X)
+        n = X.shape[0]
+        xv = X @ v[:40]
+        Mv, xv_k = rows.normal_apply(D[:n], v)
+        tt = D[:n] * (xv + v[40])
+        assert torch.allclose(Mv, torch.cat([X.T @ tt, tt.sum().reshape(1)]), rtol=1e-12, atol=1e-12)
+        assert torch.allclose(xv_k, xv, rtol=1e-12, atol=1e-12)
+        assert torch.allclose(rows.mv(v[:40]), xv, rtol=1e-12, atol=1e-12)
+        assert torch.allclose(rows.rmv(t[:n]), X.T @ t[:n], rtol=1e-12, atol=1e-12)
+        assert torch.equal(rows.X32, X.to(torch.float32))
+
+
+def test_compiled_products_cv_equals_previous_solver(monkeypatch):
+    """C by grouped CV with the interior point's products by `kernels.Rows` and its preconditioner from
+    the rows above `exact.DROP_MASS` (the default) == the previous solver (torch float64 products,
+    DROP_MASS 0.1): the same chosen C, the same certified objective of every (fold, C) fit in both stages
+    (bench_samil --fits-json / --against on a real layer)."""
+    from probes.samil import exact, kernels
+    X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
+    train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
+    new = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0)).fit(train, y)
+    init = kernels.Rows.__init__
+
+    def torch_products(self, X_):
+        init(self, X_)
+        self.compiled = False
+
+    monkeypatch.setattr(kernels.Rows, "__init__", torch_products)
+    monkeypatch.setattr(exact, "DROP_MASS", 0.1)
+    old = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0)).fit(train, y)
+    _same_cv_fits(old, new)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import resource
@@ -220,11 +221,14 @@ def big_fit(n_bags: int = 5000, dim: int = 576, seed: int = 1, device=None, n_te
     return out
 
 
-def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True):
+def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True, fits_json: str | None = None,
+             against: str | None = None):
     """sAwMIL on every training bag of a store (true_vs_all, entity-disjoint split, seed 0).
 
     Prints one fit at ``C`` (time, memory, test bag AUROC) and, with ``cv``, the probe's fit with C
-    chosen by grouped CV over its default grid (``SAwMILProbe().Cs``, ``cv_folds`` folds + the final fit).
+    chosen by grouped CV over its default grid (``SAwMILProbe().Cs``, ``cv_folds`` folds + the final fit);
+    ``fits_json``: its chosen C and (fold, C) fits written there, ``against``: compared with such a file
+    (another checkout's solver, `compare_fits`).
     """
     from probes.base import standardiser
     from probes.samil import SAwMILProbe
@@ -251,7 +255,39 @@ def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True
         print(f"  C by {probe.cv_folds}-fold grouped CV over {list(probe.Cs)} + final fit: {seconds:.1f} s; "
               f"chosen C {p['C']:g} (CV AUROC {p['cv_auroc']}); test bag AUROC "
               f"{bag_auroc(y_test, probe.decision_function(test)):.3f}", flush=True)
+        fits = dict(C=p["C"], cv_auroc=p["cv_auroc"], fits=probe.cv_fits_)
+        if fits_json:
+            Path(fits_json).write_text(json.dumps(fits))
+        if against:
+            compare_fits(json.loads(Path(against).read_text()), fits, probe.tol or 1e-6)
     return out
+
+
+def fit_pairs(old: list[dict], new: list[dict]) -> list[tuple]:
+    """The (fold, C) fits of two C-by-CV runs (`SAwMILProbe.cv_fits_`) side by side, per stage:
+    ``(old fit, new fit, stage, |P_new - P_old| / |P_old|, the larger gap / objective of the two)``."""
+    by_key = {(r["fold"], r["C"]): r for r in old}
+    pairs = []
+    for r in new:
+        o = by_key[(r["fold"], r["C"])]
+        for st in ("stage1", "stage3"):
+            P_o, P_n = o[f"{st}_objective"], r[f"{st}_objective"]
+            pairs.append((o, r, st, abs(P_n - P_o) / abs(P_o),
+                          max(r[f"{st}_duality_gap"] / abs(P_n), o[f"{st}_duality_gap"] / abs(P_o))))
+    return pairs
+
+
+def compare_fits(old: dict, new: dict, tol: float) -> None:
+    """Two C-by-CV runs of the same data (``real_fit``'s ``fits_json``: another solver's, ``new`` this
+    one's): the chosen C, and per (fold, C) fit and stage the relative difference of the certified
+    objectives and both gaps / objective (each <= ``tol``: the two optima agree to the certificate)."""
+    pairs = fit_pairs(old["fits"], new["fits"])
+    diffs, gaps = [p[3] for p in pairs], [p[4] for p in pairs]
+    print(f"  against {len(old['fits'])} fits of another run: chosen C {old['C']:g} -> {new['C']:g} "
+          f"({'same' if old['C'] == new['C'] else 'DIFFERENT'}), CV AUROC largest difference "
+          f"{max(abs(old['cv_auroc'][c] - new['cv_auroc'][c]) for c in new['cv_auroc']):.1e}; objectives of the "
+          f"{len(diffs)} (fold, C, stage) fits: largest relative difference {max(diffs):.1e}, largest gap / "
+          f"objective {max(gaps):.1e} (tol {tol:.0e})", flush=True)
 
 
 def wide_cost(n_bags: int, dim: int, base_dim: int = 576, shift: float = 1.5, seed: int = 2, device=None):
@@ -322,18 +358,14 @@ def cv_compare(store_path: str, layer: int, device=None, reps: int = 1):
             probes[solver] = probe
             print(f"  stage3_solver={solver}: {times[solver][-1]:.1f} s, C {probe.params()['C']:g}", flush=True)
     old, new = probes["smoothing"], probes["dual_cd"]
-    fits = {(r["fold"], r["C"]): r for r in old.cv_fits_}
-    diffs, gaps = [], []
-    for r in new.cv_fits_:
-        o = fits[(r["fold"], r["C"])]
-        for st in ("stage1", "stage3"):
-            P_o, P_n = o[f"{st}_objective"], r[f"{st}_objective"]
-            diffs.append(abs(P_n - P_o) / abs(P_o))
-            gaps.append(max(r[f"{st}_duality_gap"] / abs(P_n), o[f"{st}_duality_gap"] / abs(P_o)))
-            print(f"    fold {r['fold']} C {r['C']:g} {st}: objective previous {P_o:.10g} dual_cd {P_n:.10g} "
-                  f"(rel diff {diffs[-1]:.1e}); gap/objective previous {o[f'{st}_duality_gap'] / abs(P_o):.1e} "
-                  f"dual_cd {r[f'{st}_duality_gap'] / abs(P_n):.1e}; seconds previous {o['seconds']:.2f} "
-                  f"dual_cd {r['seconds']:.2f}")
+    pairs = fit_pairs(old.cv_fits_, new.cv_fits_)
+    diffs, gaps = [p[3] for p in pairs], [p[4] for p in pairs]
+    for o, r, st, diff, _ in pairs:
+        P_o, P_n = o[f"{st}_objective"], r[f"{st}_objective"]
+        print(f"    fold {r['fold']} C {r['C']:g} {st}: objective previous {P_o:.10g} dual_cd {P_n:.10g} "
+              f"(rel diff {diff:.1e}); gap/objective previous {o[f'{st}_duality_gap'] / abs(P_o):.1e} "
+              f"dual_cd {r[f'{st}_duality_gap'] / abs(P_n):.1e}; seconds previous {o['seconds']:.2f} "
+              f"dual_cd {r['seconds']:.2f}")
     print(f"[{store_path} layer {layer}: C by {old.cv_folds}-fold grouped CV over {list(old.Cs)} + final fit, "
           f"warm starts]")
     for name, probe in (("previous (stage 3 by smoothing)", old), ("dual_cd (stage 3 by dual coordinate descent)", new)):
@@ -360,6 +392,9 @@ def main(argv=None):
     ap.add_argument("--cv-compare", type=int, default=0, metavar="REPS",
                     help="with --store: the probe's CV fit, stage 3 by the previous solver vs dual_cd, REPS alternating runs each "
                          "(instead of the one fit and the CV fit)")
+    ap.add_argument("--fits-json", default=None, help="with --store: write the CV fit's chosen C and fits here")
+    ap.add_argument("--against", default=None,
+                    help="with --store: compare the CV fit with another run's --fits-json (e.g. the previous solver's)")
     ap.add_argument("--wide", type=int, default=0, metavar="N_BAGS",
                     help="the cost of C by CV at width --dim on N_BAGS planted bags (see wide_cost)")
     args = ap.parse_args(argv)
@@ -375,7 +410,8 @@ def main(argv=None):
     if args.store and args.cv_compare:
         cv_compare(args.store, args.layer, device=args.device, reps=args.cv_compare)
     elif args.store:
-        real_fit(args.store, args.layer, args.C, device=args.device, cv=not args.skip_cv)
+        real_fit(args.store, args.layer, args.C, device=args.device, cv=not args.skip_cv, fits_json=args.fits_json,
+                 against=args.against)
     if args.wide:
         wide_cost(args.wide, args.dim, device=args.device)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
