@@ -302,8 +302,9 @@ def resolve_device(accelerator: str) -> torch.device:
 
 def standardiser(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Column mean and (population) std of X, std floored so constant columns divide by 1."""
-    mean = X.double().mean(0)
-    std = X.double().std(0, unbiased=False)
+    Xd = X.double()
+    mean = Xd.mean(0)
+    std = Xd.std(0, unbiased=False)
     std = torch.where(std > _EPS * max(float(std.max()), 1.0), std, torch.ones_like(std))
     return mean.float(), std.float()
 

@@ -440,3 +440,16 @@ def test_compiled_products_cv_equals_previous_solver(monkeypatch):
     monkeypatch.setattr(exact, "DROP_MASS", 0.1)
     old = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0)).fit(train, y)
     _same_cv_fits(old, new)
+
+
+def test_prepared_bags_shared_across_C():
+    """One `prepare_bags` serves fits at several C: each equals `SAwMIL.fit` on the raw bags bit for bit
+    (the probe prepares each CV fold once for its whole grid)."""
+    from probes.samil.estimator import prepare_bags
+    X, off, y, _, _ = make_planted_bags(120, 16, shift=2.0, seed=9)
+    bags = prepare_bags(X, off, y, k=2)
+    for C in (1.0, 10.0):
+        a = SAwMIL(C=C).fit(X, off, y)
+        b = SAwMIL(C=C).fit_prepared(bags)
+        assert torch.equal(a.coef_, b.coef_) and a.intercept_ == b.intercept_
+        assert torch.equal(a.stage1_coef_, b.stage1_coef_) and torch.equal(a.instance_labels_, b.instance_labels_)

@@ -103,6 +103,8 @@ def dual_cd_polish(X: torch.Tensor, y: torch.Tensor, c: torch.Tensor, rho: torch
     Xn = np.ascontiguousarray(X.numpy())
     yn, cn, rn = (np.ascontiguousarray(v.numpy()) for v in (y, c, rho))
     sq_norms = np.einsum("ij,ij->i", Xn, Xn)
+    X32 = X.to(torch.float32)
+    Xcd = X32.numpy() if torch.equal(X32.to(torch.float64), X) else Xn   # (stage 3's token rows: half the bytes)
     s = float(np.sqrt(sq_norms.mean())) or 1.0
     alpha = np.zeros_like(cn)
     b = float(b0)
@@ -113,7 +115,7 @@ def dual_cd_polish(X: torch.Tensor, y: torch.Tensor, c: torch.Tensor, rho: torch
             break
         w = Xn.T @ (alpha * yn)
         wb = np.array([s * float(alpha @ yn)])
-        visits = int(_coordinate_descent(Xn, yn, cn, rn - yn * b, s, alpha, w, wb, sq_norms, budget, PG_TOL, k))
+        visits = int(_coordinate_descent(Xcd, yn, cn, rn - yn * b, s, alpha, w, wb, sq_norms, budget, PG_TOL, k))
         budget -= visits
         info["passes"].append(round(visits / len(yn), 1))
         a = torch.from_numpy(alpha)

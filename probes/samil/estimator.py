@@ -10,6 +10,8 @@ gap, on all bags and all their tokens, on CPU or GPU. Data layout: :mod:`probes.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
@@ -21,6 +23,80 @@ from probes.samil.bags import (as_tensor, bag_index, bag_sums, check_offsets, la
 from probes.samil.solver import fit_linear_svm, hinge_objective
 
 DEGENERATE_NORM = 1e-4   # ||w|| at or below this: the fit is degenerate (scores = intercept + float noise)
+
+
+@dataclass
+class PreparedBags:
+    """Bags as every sAwMIL fit of them needs them, whatever its C (`prepare_bags`): ``T`` tokens in ``N``
+    bags (``N_pos`` positive, holding ``L_pos`` tokens), ``cand [T]`` the stage-2 candidates,
+    ``inst_pos_bag [T]`` whether a token's bag is positive, ``inv [T]`` its row of ``Xu [U, d]`` (the
+    distinct token vectors, float64); sMIL's rows ``Z [U_- + N_+, d]`` (the distinct negative-bag tokens,
+    then the positive bags' means) with labels ``y1`` and margins ``rho1``; ``neg_copies [U_-]`` how many
+    negative-bag tokens each distinct one stands for."""
+    device: torch.device
+    T: int
+    d: int
+    N: int
+    N_pos: int
+    L_pos: int
+    cand: torch.Tensor
+    inst_pos_bag: torch.Tensor
+    inv: torch.Tensor
+    Xu: torch.Tensor
+    Z: torch.Tensor
+    y1: torch.Tensor
+    neg_copies: torch.Tensor
+    rho1: torch.Tensor
+
+
+def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> PreparedBags:
+    """What every sAwMIL fit of these bags shares whatever its C (checked inputs, distinct token vectors,
+    sMIL's rows), on ``device`` (None: ``X``'s): fit several C with `SAwMIL.fit_prepared`. Arguments as
+    `SAwMIL.fit`; ``k``: the default candidates' count (the estimator's ``k``)."""
+    dev = torch.device(device) if device is not None else (X.device if isinstance(X, torch.Tensor) else torch.device("cpu"))
+    X = as_tensor(X, device=dev)
+    if X.dim() != 2:
+        raise ValueError("X must be [T, d]")
+    if X.dtype not in (torch.float32, torch.float64):
+        X = X.to(torch.float32 if X.is_floating_point() else torch.float64)   # exact for half types
+    T, d = X.shape
+    offsets = check_offsets(as_tensor(offsets).to(dev), T)
+    N = offsets.numel() - 1
+    yb = as_tensor(y).to(dev).reshape(-1)
+    if yb.numel() != N:
+        raise ValueError(f"y has {yb.numel()} labels for {N} bags")
+    ypos = yb > 0
+    lengths = offsets[1:] - offsets[:-1]
+    if int(lengths.min()) <= 0:
+        raise ValueError("every bag must hold at least one instance")
+    if not bool(ypos.any()) or bool(ypos.all()):
+        raise ValueError("need both positive and negative bags")
+    if candidates is None:
+        cand = last_k_candidates(offsets, int(k))
+    else:
+        cand = as_tensor(candidates).to(dev).reshape(-1).bool()
+        if cand.numel() != T:
+            raise ValueError("candidates must be a [T] boolean mask")
+    bag_idx = bag_index(offsets)                  # [T]
+    inst_pos_bag = ypos[bag_idx]                   # [T] instance belongs to a positive bag
+    # identical tokens (shared prefixes) are one row of the SVMs, their C summed: the same
+    # objective for every (w, b), so the same optimum and certificate, on fewer rows
+    rows, inv = unique_rows(X)                     # [U], [T]
+    Xu = X.index_select(0, rows).to(torch.float64)  # [U, d] distinct token vectors
+    # sMIL's rows: the distinct negative-bag tokens, then the positive bags' means
+    neg_count = torch.bincount(inv[~inst_pos_bag], minlength=rows.numel())          # [U] negative copies
+    neg_groups = torch.nonzero(neg_count, as_tuple=False).reshape(-1)
+    pos_bags = torch.nonzero(ypos, as_tuple=False).reshape(-1)
+    pos_len = lengths[pos_bags].to(torch.float64)
+    means = bag_sums(Xu, inv, bag_idx, N).index_select(0, pos_bags) / pos_len[:, None]   # [N_+, d]
+    n_neg, N_pos, L_pos = neg_groups.numel(), pos_bags.numel(), int(inst_pos_bag.sum())
+    ones = torch.ones(n_neg, dtype=torch.float64, device=dev)
+    return PreparedBags(
+        device=dev, T=T, d=d, N=N, N_pos=N_pos, L_pos=L_pos, cand=cand, inst_pos_bag=inst_pos_bag, inv=inv,
+        Xu=Xu, Z=torch.cat([Xu.index_select(0, neg_groups), means], 0),
+        y1=torch.cat([-ones, torch.ones(N_pos, dtype=torch.float64, device=dev)]),
+        neg_copies=neg_count[neg_groups].to(torch.float64),
+        rho1=torch.cat([ones, (2.0 - pos_len) / pos_len]))
 
 
 class SAwMIL(BaseEstimator):
@@ -167,11 +243,6 @@ class SAwMIL(BaseEstimator):
             raise ProbeError(f"k={self.k!r} / max_iter={self.max_iter!r}: use integers >= 1")
         return self
 
-    def _device(self, X) -> torch.device:
-        if self.device is not None:
-            return torch.device(self.device)
-        return X.device if isinstance(X, torch.Tensor) else torch.device("cpu")
-
     # -- fitting -----------------------------------------------------------------
     def fit(self, X, offsets, y, candidates=None, warm_start=None) -> "SAwMIL":
         """Fit the three stages.
@@ -184,46 +255,25 @@ class SAwMIL(BaseEstimator):
         ``w0``); the stopping rule (certified duality gap) is the same, so only the work changes.
         """
         self.check_params()
+        return self.fit_prepared(prepare_bags(X, offsets, y, self.k, candidates, self.device), warm_start)
+
+    def fit_prepared(self, bags: PreparedBags, warm_start=None) -> "SAwMIL":
+        """`fit` on bags from `prepare_bags` (made with this estimator's ``k`` and device)."""
+        self.check_params()
         prev_threads = torch.get_num_threads()
         if self.num_threads:
             torch.set_num_threads(int(self.num_threads))
         try:
-            return self._fit(X, offsets, y, candidates, warm_start)
+            return self._fit(bags, warm_start)
         finally:
             if self.num_threads:
                 torch.set_num_threads(prev_threads)
 
-    def _fit(self, X, offsets, y, candidates, warm_start=None) -> "SAwMIL":
+    def _fit(self, bags: PreparedBags, warm_start=None) -> "SAwMIL":
         t_start = time.perf_counter()
-        dev = self._device(X)
-        X = as_tensor(X, device=dev)
-        if X.dim() != 2:
-            raise ValueError("X must be [T, d]")
-        if X.dtype not in (torch.float32, torch.float64):
-            X = X.to(torch.float32 if X.is_floating_point() else torch.float64)   # exact for half types
-        T, d = X.shape
-        offsets = check_offsets(as_tensor(offsets).to(dev), T)
-        N = offsets.numel() - 1
-        yb = as_tensor(y).to(dev).reshape(-1)
-        if yb.numel() != N:
-            raise ValueError(f"y has {yb.numel()} labels for {N} bags")
-        ypos = yb > 0
-        lengths = offsets[1:] - offsets[:-1]
-        if int(lengths.min()) <= 0:
-            raise ValueError("every bag must hold at least one instance")
-        if not bool(ypos.any()) or bool(ypos.all()):
-            raise ValueError("need both positive and negative bags")
-        if candidates is None:
-            cand = last_k_candidates(offsets, int(self.k))
-        else:
-            cand = as_tensor(candidates).to(dev).reshape(-1).bool()
-            if cand.numel() != T:
-                raise ValueError("candidates must be a [T] boolean mask")
-        bag_idx = bag_index(offsets)                  # [T]
-        inst_pos_bag = ypos[bag_idx]                   # [T] instance belongs to a positive bag
-        L_pos = int(inst_pos_bag.sum())
-        L_neg = T - L_pos
-        N_pos = int(ypos.sum())
+        dev, T, d, N, N_pos, L_pos = bags.device, bags.T, bags.d, bags.N, bags.N_pos, bags.L_pos
+        L_neg, cand, inv, Xu, U = T - L_pos, bags.cand, bags.inv, bags.Xu, bags.Xu.shape[0]
+        inst_pos_bag = bags.inst_pos_bag
         solver_kw = dict(tol=float(self.tol), max_iter=int(self.max_iter), device=dev)
 
         def warm(stage):
@@ -234,28 +284,12 @@ class SAwMIL(BaseEstimator):
                 return {}
             w0, b0 = warm_start[stage]
             return dict(w0=as_tensor(w0, torch.float64, dev), b0=float(b0), warm=stage == 0)
-        # identical tokens (shared prefixes) are one row of the SVMs, their C summed: the same
-        # objective for every (w, b), so the same optimum and certificate, on fewer rows
-        rows, inv = unique_rows(X)                     # [U], [T]
-        Xu = X.index_select(0, rows).to(torch.float64)  # [U, d] distinct token vectors
-        U = rows.numel()
 
         # ---------------- stage 1: sMIL ----------------
         t0 = time.perf_counter()
-        neg_count = torch.bincount(inv[~inst_pos_bag], minlength=U)          # [U] negative copies
-        neg_groups = torch.nonzero(neg_count, as_tuple=False).reshape(-1)
-        pos_bags = torch.nonzero(ypos, as_tuple=False).reshape(-1)
-        pos_len = lengths[pos_bags].to(torch.float64)
-        means = bag_sums(Xu, inv, bag_idx, N).index_select(0, pos_bags) / pos_len[:, None]   # [N_+, d]
-        Z = torch.cat([Xu.index_select(0, neg_groups), means], 0)          # [U_- + N_+, d]
-        n_neg = neg_groups.numel()
-        y1 = torch.cat([-torch.ones(n_neg, dtype=torch.float64, device=dev),
-                        torch.ones(N_pos, dtype=torch.float64, device=dev)])
-        c1 = torch.cat([(float(self.C) / L_neg) * neg_count[neg_groups].to(torch.float64),
+        c1 = torch.cat([(float(self.C) / L_neg) * bags.neg_copies,
                         torch.full((N_pos,), float(self.C) / N_pos, dtype=torch.float64, device=dev)])
-        rho1 = torch.cat([torch.ones(n_neg, dtype=torch.float64, device=dev), (2.0 - pos_len) / pos_len])
-        r1 = fit_linear_svm(Z, y1, c1, rho1, **solver_kw, **warm(0))
-        del Z, means
+        r1 = fit_linear_svm(bags.Z, bags.y1, c1, bags.rho1, **solver_kw, **warm(0))
         self.stage1_coef_ = r1.coef
         self.stage1_intercept_ = r1.intercept
         t1 = time.perf_counter()

@@ -211,7 +211,7 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
     outside the working set).  Each step solves the ``(d+1)``-sized normal system
     ``[[I + X^T D X, X^T D 1], [1^T D X, sum D]]`` (Ferris & Munson 2002): while the
     complementarity is far from the target, with the matrix accumulated in float32; then by
-    conjugate gradients on the exact (float64, implicit, ``O(n d)`` a product) system,
+    conjugate gradients on the exact (float64, implicit, ``O(n d)`` a product: `kernels.Rows`) system,
     preconditioned with `normal_matrix` (precise) -- and, if that does not converge, with the
     full float64 matrix.
     Stops when the complementarity ``a.r + s.xi <= gap_target`` (with ``gap_rel``: ``<= gap_rel``

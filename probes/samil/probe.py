@@ -10,7 +10,7 @@ from evaluation.metrics import auroc
 from probes.base import Probe, ProbeError, kfold_splits, resolve_device, standardiser
 from probes.features import Features
 from probes.samil.bags import matvec, segment_max
-from probes.samil.estimator import SAwMIL
+from probes.samil.estimator import PreparedBags, SAwMIL, prepare_bags
 
 
 class SAwMILProbe(Probe):
@@ -84,19 +84,23 @@ class SAwMILProbe(Probe):
         d = X.shape[1]
         return standardiser(X) if self.standardize else (torch.zeros(d), torch.ones(d))
 
-    def _fit_one(self, C: float, train: Features, y: np.ndarray, warm=None, scaling=None
-                 ) -> tuple[SAwMIL, torch.Tensor, torch.Tensor]:
-        """SAwMIL at C on `train`'s bags, standardised on them: (model, mean [d], std [d]).
-        `warm`: (model, mean, std) of a neighbouring fit to start from; `scaling`: this
-        split's (mean, std) when already computed."""
-        mean, std = self._standardiser(train.X) if scaling is None else scaling
+    def _prepared(self, train: Features, y: np.ndarray) -> tuple[tuple[torch.Tensor, torch.Tensor], PreparedBags]:
+        """`train`'s bags standardised on them and prepared for fits at any C: ((mean [d], std [d]), bags)."""
+        mean, std = self._standardiser(train.X)
+        return (mean, std), prepare_bags((train.X - mean) / std, train.offsets, y, self.k,
+                                         device=resolve_device(self.accelerator))
+
+    def _fit_one(self, C: float, split: tuple, warm=None) -> tuple[SAwMIL, torch.Tensor, torch.Tensor]:
+        """SAwMIL at C on a split's bags (`_prepared`): (model, mean [d], std [d]).
+        `warm`: (model, mean, std) of a neighbouring fit to start from."""
+        (mean, std), bags = split
         model = SAwMIL(C=C, device=resolve_device(self.accelerator), **self._options)
         start = None
         if warm is not None:
             w_model, w_mean, w_std = warm
             start = tuple(_rescale(w, b, w_mean, w_std, mean, std) for w, b in
                           ((w_model.stage1_coef_, w_model.stage1_intercept_), (w_model.coef_, w_model.intercept_)))
-        return model.fit((train.X - mean) / std, train.offsets, y, warm_start=start), mean, std
+        return model.fit_prepared(bags, warm_start=start), mean, std
 
     def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "SAwMILProbe":
         self._fold_fits, self.held_out_scores_ = {}, None
@@ -108,7 +112,7 @@ class SAwMILProbe(Probe):
             self.held_out_scores_ = self._held_scores[C]
         self._held_scores = {}
         t0 = time.perf_counter()
-        model, self.mean, self.std = self._fit_one(C, train, y, warm=self._fold_fits.get(C))
+        model, self.mean, self.std = self._fit_one(C, self._prepared(train, y), warm=self._fold_fits.get(C))
         if cv_auroc:
             self._record(None, C, model, time.perf_counter() - t0)
         self._fold_fits = {}
@@ -136,10 +140,10 @@ class SAwMILProbe(Probe):
         for f, (fit_idx, held_idx) in enumerate(folds):
             part, held = train.subset(fit_idx), train.subset(held_idx)
             # a fold's first C starts from the previous fold's fit at that C (half of its rows are shared)
-            scaling, prev = self._standardiser(part.X), self._fold_fits.get(min(self.Cs))
+            split, prev = self._prepared(part, y[fit_idx]), self._fold_fits.get(min(self.Cs))
             for C in sorted(self.Cs):
                 t0 = time.perf_counter()
-                fit = self._fit_one(C, part, y[fit_idx], warm=prev if self.warm_cv else None, scaling=scaling)
+                fit = self._fit_one(C, split, warm=prev if self.warm_cv else None)
                 self._record(f, C, fit[0], time.perf_counter() - t0)
                 model, mean, std = prev = fit
                 scores[C][held_idx] = model.decision_function(((held.X - mean) / std).numpy(), held.offsets.numpy())
