@@ -202,7 +202,8 @@ def pcg(apply, L, rhs, tol: float = 1e-10, max_iter: int = 25):
 
 def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int = 60,
                    gap_rel: float | None = None, p_const: float = 0.0, shift: float = 1.0):
-    """Primal-dual interior point method (Mehrotra predictor-corrector) for::
+    """Primal-dual interior point method (Mehrotra predictor-corrector, and one Gondzio (1996) centrality
+    corrector when it lengthens the step: on SmolLM2 stage 1, 16-21 -> 13-17 iterations) for::
 
         min_{w,b,xi} 0.5||w||^2 - g_w.w - g_b b + sum_i c_i xi_i
         s.t. y_i (w.x_i + b) + xi_i >= rho_i,  xi_i >= 0
@@ -309,9 +310,21 @@ def interior_point(X, y, c, rho, g_far, w, b, gap_target: float, max_iter: int =
         st = step_to_boundary((a, da), (s, ds), (r, dr), (xi, dxi))
         mu_aff = float((a + st * da) @ (r + st * dr) + (s + st * ds) @ (xi + st * dxi)) / (2 * n)
         sigma = min(1.0, (mu_aff / mu) ** 3)
-        dw, db, dfx, da, dr, ds, dxi = direction(sigma * mu - a * r - da * dr,   # corrector
-                                                 sigma * mu - s * xi - ds * dxi)
-        st = min(1.0, 0.99 * step_to_boundary((a, da), (s, ds), (r, dr), (xi, dxi)))
+        R5a, R5b = sigma * mu - a * r - da * dr, sigma * mu - s * xi - ds * dxi
+        step = direction(R5a, R5b)                                            # corrector
+        st = step_to_boundary((a, step[3]), (s, step[5]), (r, step[4]), (xi, step[6]))
+        if st < 1.0:    # Gondzio's centrality corrector: aim past the step with the outlying products moved in
+            target = min(1.0, 1.5 * st + 0.1)
+            _, _, _, da, dr, ds, dxi = step
+            lo, hi = 0.1 * sigma * mu, 10.0 * sigma * mu
+            pa, ps = (a + target * da) * (r + target * dr), (s + target * ds) * (xi + target * dxi)
+            ta, ts = (pa.clamp(lo, hi) - pa).clamp_(min=-hi), (ps.clamp(lo, hi) - ps).clamp_(min=-hi)
+            trial = direction(R5a + ta, R5b + ts)
+            st_trial = step_to_boundary((a, trial[3]), (s, trial[5]), (r, trial[4]), (xi, trial[6]))
+            if st_trial >= st + 0.1 * (target - st):
+                step, st = trial, st_trial
+        dw, db, dfx, da, dr, ds, dxi = step
+        st = min(1.0, 0.99 * st)
         w, b, f = w + st * dw, b + st * db, f + st * dfx
         a, s, r, xi = a + st * da, s + st * ds, r + st * dr, xi + st * dxi
     return w, float(b), torch.minimum(torch.clamp(a, min=0.0), c), it
