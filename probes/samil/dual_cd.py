@@ -26,6 +26,7 @@ import torch
 from numba import njit
 
 from probes.samil import exact
+from probes.samil.kernels import float32_rows
 
 ROUNDS = 6             # proximal rounds on the bias at most
 BUDGET = 300           # coordinate visits of all rounds together at most, in passes over the examples
@@ -103,8 +104,8 @@ def dual_cd_polish(X: torch.Tensor, y: torch.Tensor, c: torch.Tensor, rho: torch
     Xn = np.ascontiguousarray(X.numpy())
     yn, cn, rn = (np.ascontiguousarray(v.numpy()) for v in (y, c, rho))
     sq_norms = np.einsum("ij,ij->i", Xn, Xn)
-    X32 = X.to(torch.float32)
-    Xcd = X32.numpy() if torch.equal(X32.to(torch.float64), X) else Xn   # (stage 3's token rows: half the bytes)
+    X32, held = float32_rows(X)
+    Xcd = X32.numpy() if bool(held.all()) else Xn   # (stage 3's token rows: half the bytes)
     s = float(np.sqrt(sq_norms.mean())) or 1.0
     alpha = np.zeros_like(cn)
     b = float(b0)

@@ -33,9 +33,6 @@ class PreparedBags:
     distinct token vectors, float64); sMIL's rows ``Z [U_- + N_+, d]`` (the distinct negative-bag tokens,
     then the positive bags' means) with labels ``y1`` and margins ``rho1``; ``neg_copies [U_-]`` how many
     negative-bag tokens each distinct one stands for."""
-    device: torch.device
-    T: int
-    d: int
     N: int
     N_pos: int
     L_pos: int
@@ -47,6 +44,18 @@ class PreparedBags:
     y1: torch.Tensor
     neg_copies: torch.Tensor
     rho1: torch.Tensor
+
+    @property
+    def T(self) -> int:
+        return self.inv.numel()
+
+    @property
+    def d(self) -> int:
+        return self.Xu.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.Xu.device
 
 
 def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> PreparedBags:
@@ -92,7 +101,7 @@ def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> Pre
     n_neg, N_pos, L_pos = neg_groups.numel(), pos_bags.numel(), int(inst_pos_bag.sum())
     ones = torch.ones(n_neg, dtype=torch.float64, device=dev)
     return PreparedBags(
-        device=dev, T=T, d=d, N=N, N_pos=N_pos, L_pos=L_pos, cand=cand, inst_pos_bag=inst_pos_bag, inv=inv,
+        N=N, N_pos=N_pos, L_pos=L_pos, cand=cand, inst_pos_bag=inst_pos_bag, inv=inv,
         Xu=Xu, Z=torch.cat([Xu.index_select(0, neg_groups), means], 0),
         y1=torch.cat([-ones, torch.ones(N_pos, dtype=torch.float64, device=dev)]),
         neg_copies=neg_count[neg_groups].to(torch.float64),

@@ -57,6 +57,12 @@ def _rmatvec(X, t, out):  # pragma: no cover (compiled)
             out[j] += ti * xi[j]
 
 
+def float32_rows(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``X [n, d]`` float64 as float32 ``[n, d]``, and which rows float32 holds exactly (bool ``[n]``)."""
+    X32 = X.to(torch.float32)
+    return X32, (X32.to(torch.float64) == X).all(1)
+
+
 class Rows:
     """``X [n, d]`` (float64 tensor) for repeated products: ``mv``, ``rmv``, ``normal_apply``; ``X32``
     its float32 copy.
@@ -66,11 +72,11 @@ class Rows:
 
     def __init__(self, X: torch.Tensor):
         self.X, self.n, self.d = X, X.shape[0], X.shape[1]
-        self.X32 = X.to(torch.float32)          # [n, d] (also what `exact.normal_matrix` accumulates in float32)
         self.compiled = X.device.type == "cpu"
         if not self.compiled:
+            self.X32 = X.to(torch.float32)
             return
-        exact = (self.X32.to(torch.float64) == X).all(1)
+        self.X32, exact = float32_rows(X)       # (X32 is also what `exact.normal_matrix` accumulates in float32)
         self.order = torch.argsort((~exact).to(torch.int8), stable=True)
         self.n32 = int(exact.sum())
         self.ordered = bool((self.order == torch.arange(self.n)).all())
