@@ -231,3 +231,21 @@ def test_stratified_group_folds_equal_sklearn():
             np.testing.assert_array_equal(te, te_ref)
         checked += 1
     assert checked > 100
+
+
+def test_standardiser_equals_float64_torch():
+    """The compiled CPU standardiser gives the float64 torch computation's float32 mean and std, bit for bit
+    (offset, wide-ranging and constant columns; float32 and float64 input; a strided view)."""
+    from probes.base import standardiser
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(3001, 40, generator=g) * torch.logspace(-3, 3, 40) + torch.linspace(-50, 50, 40)
+    X[:, 7] = 2.5                                   # constant: std floored to 1
+    for x in (X, X.double(), X[::2, ::3]):
+        xd = x.double()
+        std = xd.std(0, unbiased=False)
+        std = torch.where(std > 1e-8 * max(float(std.max()), 1.0), std, torch.ones_like(std))
+        mean, got_std = standardiser(x)
+        assert mean.dtype == got_std.dtype == torch.float32
+        assert torch.equal(mean, xd.mean(0).float()) and torch.equal(got_std, std.float())
+    assert float(standardiser(X)[1][7]) == 1.0

@@ -57,10 +57,28 @@ def _rmatvec(X, t, out):  # pragma: no cover (compiled)
             out[j] += ti * xi[j]
 
 
+@njit(cache=True)
+def _float32_rows(X, X32, exact):  # pragma: no cover (compiled)
+    n, d = X.shape
+    for i in range(n):
+        held = True
+        for j in range(d):
+            x32 = np.float32(X[i, j])
+            X32[i, j] = x32
+            held &= np.float64(x32) == X[i, j]
+        exact[i] = held
+
+
 def float32_rows(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``X [n, d]`` float64 as float32 ``[n, d]``, and which rows float32 holds exactly (bool ``[n]``)."""
-    X32 = X.to(torch.float32)
-    return X32, (X32.to(torch.float64) == X).all(1)
+    """``X [n, d]`` float64 as float32 ``[n, d]``, and which rows float32 holds exactly (bool ``[n]``);
+    on the CPU one compiled pass (a SmolLM2 stage-1 fold: 11 -> 3 ms)."""
+    if X.device.type != "cpu":
+        X32 = X.to(torch.float32)
+        return X32, (X32.to(torch.float64) == X).all(1)
+    X32 = torch.empty(X.shape, dtype=torch.float32)
+    exact = torch.empty(X.shape[0], dtype=torch.bool)
+    _float32_rows(np.ascontiguousarray(X.numpy()), X32.numpy(), exact.numpy())
+    return X32, exact
 
 
 class Rows:
