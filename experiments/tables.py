@@ -104,6 +104,11 @@ def _non_finite(value, key: str = "") -> str | None:
     elif isinstance(value, list):
         if value and all(isinstance(v, (int, str, bool)) or v is None for v in value):
             return None        # the common long lists (rows, labels, predictions): nothing to check
+        try:                   # the long lists of numbers (scores, probabilities [N, K]): one vectorised check
+            if np.isfinite(np.asarray(value, dtype=np.float64)).all():
+                return None
+        except (ValueError, TypeError):
+            pass               # (ragged or mixed: walked below)
         items = ((f"[{i}]", v) for i, v in enumerate(value))
     else:
         return None
