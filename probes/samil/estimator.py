@@ -97,7 +97,9 @@ def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> Pre
     neg_groups = torch.nonzero(neg_count, as_tuple=False).reshape(-1)
     pos_bags = torch.nonzero(ypos, as_tuple=False).reshape(-1)
     pos_len = lengths[pos_bags].to(torch.float64)
-    means = bag_sums(Xu, inv, bag_idx, N).index_select(0, pos_bags) / pos_len[:, None]   # [N_+, d]
+    pos_tokens = torch.nonzero(inst_pos_bag, as_tuple=False).reshape(-1)             # in order, bag by bag
+    pos_rank = torch.cumsum(ypos.long(), 0) - 1                                     # [N] a bag's place in pos_bags
+    means = bag_sums(Xu, inv[pos_tokens], pos_rank[bag_idx[pos_tokens]], pos_bags.numel()) / pos_len[:, None]   # [N_+, d]
     n_neg, N_pos, L_pos = neg_groups.numel(), pos_bags.numel(), int(inst_pos_bag.sum())
     ones = torch.ones(n_neg, dtype=torch.float64, device=dev)
     return PreparedBags(
