@@ -141,12 +141,14 @@ class SAwMILProbe(Probe):
             part, held = train.subset(fit_idx), train.subset(held_idx)
             # a fold's first C starts from the previous fold's fit at that C (half of its rows are shared)
             split, prev = self._prepared(part, y[fit_idx]), self._fold_fits.get(min(self.Cs))
+            (mean, std), _ = split
+            held_tokens = ((held.X - mean) / std).numpy()        # [T_held, d] in the fold's coordinates
             for C in sorted(self.Cs):
                 t0 = time.perf_counter()
                 fit = self._fit_one(C, split, warm=prev if self.warm_cv else None)
                 self._record(f, C, fit[0], time.perf_counter() - t0)
-                model, mean, std = prev = fit
-                scores[C][held_idx] = model.decision_function(((held.X - mean) / std).numpy(), held.offsets.numpy())
+                prev = fit
+                scores[C][held_idx] = fit[0].decision_function(held_tokens, held.offsets.numpy())
                 if self.warm_cv:
                     self._fold_fits[C] = fit          # (the final fit at the chosen C starts from it)
         self._held_scores = scores
