@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,10 +27,16 @@ class Features:
     offsets  int64 [N+1] or None: statement i owns rows offsets[i]:offsets[i+1] of X
     groups   int64 [N] or None: group of each statement (statements sharing an entity share a
              group), for grouped cross-validation inside `fit`
+    memo     dict or None: shared by these features' subsets when made by `sharing`, where `derived`
+             keeps what is computed from a set of statements (e.g. sAwMIL's distinct tokens of a CV fold,
+             the same for every head fitted on it); `rows` int64 [N]: the statements' places in the
+             features that made the memo
     """
     X: torch.Tensor
     offsets: torch.Tensor | None = None
     groups: np.ndarray | None = None
+    memo: dict | None = field(default=None, repr=False, compare=False)
+    rows: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.X) if self.offsets is None else len(self.offsets) - 1
@@ -40,17 +46,33 @@ class Features:
         return self.offsets is not None
 
     def subset(self, index: np.ndarray) -> "Features":
-        """The statements `index` (int [M]), in that order."""
+        """The statements `index` (int [M]), in that order (sharing this one's memo)."""
         index = np.asarray(index, dtype=np.int64)
         groups = None if self.groups is None else self.groups[index]
+        shared = dict(memo=self.memo, rows=None if self.rows is None else self.rows[index])
         if self.offsets is None:
-            return Features(self.X[torch.from_numpy(index)], None, groups)
+            return Features(self.X[torch.from_numpy(index)], None, groups, **shared)
         starts, ends = self.offsets[:-1][index], self.offsets[1:][index]
         lengths = ends - starts
         rows = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths) + torch.arange(int(lengths.sum()))
         offsets = torch.zeros(len(index) + 1, dtype=torch.long)
         offsets[1:] = torch.cumsum(lengths, 0)
-        return Features(self.X[rows], offsets, groups)
+        return Features(self.X[rows], offsets, groups, **shared)
+
+    def sharing(self) -> "Features":
+        """These features with a fresh memo that their subsets share (see `derived`)."""
+        return Features(self.X, self.offsets, self.groups, memo={}, rows=np.arange(len(self), dtype=np.int64))
+
+    def derived(self, name: str, compute):
+        """``compute(self)``, kept in the shared memo under (name, these statements) where there is one
+        (`sharing`): a second call on the same statements, through any subset, returns the first result.
+        `name` must name everything besides the statements that the result depends on."""
+        if self.memo is None:
+            return compute(self)
+        key = (name, self.rows.tobytes())
+        if key not in self.memo:
+            self.memo[key] = compute(self)
+        return self.memo[key]
 
     def extend(self, other: "Features") -> "Features":
         """These N statements followed by `other`'s (same representation): rows 0..N-1 are these, N.. other's

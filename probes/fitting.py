@@ -50,7 +50,8 @@ class HeadBank:
 
     def __init__(self, template: Probe, features: Features, labels: np.ndarray, train: np.ndarray,
                  calibration_folds: int, seed: int, share_folds: bool = False):
-        self.template, self.features, self.train, self.seed = template, features, np.asarray(train), int(seed)
+        self.template, self.train, self.seed = template, np.asarray(train), int(seed)
+        self.features = features.sharing()    # (what heads compute from the same statements, computed once)
         self.share_folds = bool(share_folds)
         self.labels = np.asarray(labels, dtype=np.int64)
         self._heads: dict[int, Probe] = {}

@@ -48,3 +48,16 @@ def test_readme_links_into_docs_exist():
     links = re.findall(r"\]\((docs/[^)#]+)", (ROOT / "README.md").read_text())
     assert len(links) >= 10
     assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+def test_readme_states_the_make_run_pages_measured_time():
+    """The README's make_run_page block (written with the page by experiments.bench.make_run_page) names the
+    wall time and commit of the run that docs/results/make_run.md shows."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- make_run_page -->\n(.*?)\n<!-- /make_run_page -->", readme, re.S)
+    assert block, "README.md lacks its make_run_page block"
+    page = (ROOT / "docs" / "results" / "make_run.md").read_text()
+    minutes = re.search(r"\*\*Wall time: ([\d.]+) min\*\*", page).group(1)
+    commit = re.search(r"\(commit (\w+),", page).group(1)
+    assert f"**{minutes} min**" in block.group(1) and f"commit {commit}" in block.group(1)
+    assert "every layer" in block.group(1) and "grouped cross-validation" in block.group(1)

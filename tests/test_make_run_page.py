@@ -1,8 +1,8 @@
 """experiments.bench.make_run_page: the step and job times it reads from `make run`'s output."""
 import pytest
 
-from experiments.bench.make_run_page import (RUN_STAMP, job_table, main, read_log, replay_table, run_stamp, steps,
-                                             workers)
+from experiments.bench.make_run_page import (RUN_STAMP, job_table, main, read_log, readme_summary, replay_table,
+                                             run_stamp, steps, with_readme_summary, workers)
 
 
 def test_steps_and_jobs_from_make_output():
@@ -48,10 +48,27 @@ def test_an_unfinished_or_failed_log_is_one_line(tmp_path):
              "      0.1 .venv/bin/python -m extract model=smollm2 data=city_locations\n")
     log.write_text(start)                                   # killed: no exit line
     with pytest.raises(SystemExit, match="does not end with make run's exit status"):
-        main(["--from-log", "--log", str(log), "--out", str(tmp_path / "page.md")])
+        main(["--from-log", "--log", str(log), "--out", str(tmp_path / "page.md"), "--readme", ""])
     log.write_text(start + "     30.0 # make run exited 2\n")
     lines, code = read_log(log)
     assert code == 2 and lines[-1] == (30.0, "") and lines[1][1].startswith(".venv/bin/python -m extract")
     with pytest.raises(SystemExit, match="make run failed"):
-        main(["--from-log", "--log", str(log), "--out", str(tmp_path / "page.md")])
+        main(["--from-log", "--log", str(log), "--out", str(tmp_path / "page.md"), "--readme", ""])
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n")                            # no block for the time: refused before any run
+    with pytest.raises(SystemExit, match="has no <!-- make_run_page -->"):
+        main(["--log", str(log), "--out", str(tmp_path / "page.md"), "--readme", str(readme)])
     assert not (tmp_path / "page.md").exists()
+
+
+def test_readme_summary_replaces_only_its_block():
+    lines = [(0.0, RUN_STAMP + "commit abc1234, 2026-12-04 20:00 UTC"),
+             (10.0, "[10:00:10][sweep][INFO] - 3 jobs (samil x 2, mean_diff x 1) on 2 worker(s), longest first"),
+             (1470.0, "")]
+    summary = readme_summary(run_stamp(lines), lines)
+    assert "**24.5 min** wall on 2 workers" in summary and "commit abc1234" in summary
+    readme = "intro\n<!-- make_run_page -->\nold text\n<!-- /make_run_page -->\nrest\n"
+    assert with_readme_summary(readme, summary) == (
+        "intro\n<!-- make_run_page -->\n" + summary + "\n<!-- /make_run_page -->\nrest\n")
+    with pytest.raises(ValueError, match="no <!-- make_run_page -->"):
+        with_readme_summary("intro\n", summary)

@@ -88,3 +88,27 @@ def test_train_probe_default_is_out_of_fold_cv_and_the_nested_cells_have_their_o
         cell = json.loads(paths[0].read_text())
         assert cell["method"]["name"] == method and method in paths[0].parts
         assert cell["calibration"]["kind"] == calibration and cell["calibration"]["n_folds"] == 3
+
+
+def test_samil_heads_of_a_bank_share_their_statements_distinct_tokens(monkeypatch):
+    """A bank's one-vs-all samil heads fit the same statements (its folds, then its training rows): their
+    standardised distinct tokens are computed once per set of statements (Features.derived), and each
+    head equals the same probe fitted on its own (bit for bit)."""
+    import probes.samil.probe as samil_probe
+
+    features, labels = bags()
+    labels = labels + np.arange(len(labels)) % 2          # three classes: 0, 1, 2
+    train = np.arange(len(features))[: int(0.8 * len(features))]
+    calls = []
+    original = samil_probe.distinct_tokens
+    monkeypatch.setattr(samil_probe, "distinct_tokens", lambda X, device=None: calls.append(len(X)) or original(X, device))
+    options = dict(Cs=(1.0, 100.0), accelerator="cpu")
+    bank = HeadBank(SAwMILProbe(**options), features, labels, train, 3, seed=0, share_folds=True)
+    heads = [bank.head(c) for c in (0, 1, 2)]
+    assert len(calls) == len(bank.folds) + 1                 # not once per head
+    assert len({h.mean.data_ptr() for h in heads}) == len({h.std.data_ptr() for h in heads}) == 3   # own buffers
+    for c, head in enumerate(heads):
+        alone = SAwMILProbe(**options).fit(features.subset(train), (labels[train] == c).astype(np.int64),
+                                           folds=bank.folds)
+        assert torch.equal(alone.coef, head.coef) and float(alone.intercept) == float(head.intercept)
+    assert len(calls) == (len(bank.folds) + 1) * (1 + 3)   # each lone fit (no shared memo) computes its own

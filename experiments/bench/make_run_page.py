@@ -7,7 +7,9 @@ Runs `make run` in this checkout (on a fresh clone that includes `make install`)
 machine), the wall time of each step (the commands make echoes), the probe jobs' times per probe (from
 `experiments.sweep`'s log lines), those job times replayed on 1-16 workers by the sweep's own schedule
 (`experiments.sweep.replay`: what more cores would give, checked against the measured sweep), and the
-report's best-layer tables (`reports/<model>/<data>/best.md`, copied as written) with its MCC-by-layer figure. Nothing on the page is typed by hand.
+report's best-layer tables (`reports/<model>/<data>/best.md`, copied as written) with its MCC-by-layer figure,
+and the README's sentence on what `make run` covers and how long it took (between its `make_run_page`
+markers; `--readme ''` leaves the README alone). Nothing on the page or in that sentence is typed by hand.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ RUN_STAMP = "# make run at "                                              # the 
 RUN_EXIT = "# make run exited "                                           # its last line
 WORKERS = re.compile(r"\d+ jobs \(.*\) on (\d+) worker\(s\)")             # the sweep's first line
 REPLAY_WORKERS = (1, 2, 4, 8, 16)
+README_BLOCK = re.compile(r"(<!-- make_run_page -->\n).*?(\n<!-- /make_run_page -->)", re.S)
 
 
 def run_make(log: Path) -> tuple[list[tuple[float, str]], int]:
@@ -155,12 +158,32 @@ def page(stamp: str, lines: list[tuple[float, str]]) -> str:
         best.strip(), ""])
 
 
+def readme_summary(stamp: str, lines: list[tuple[float, str]]) -> str:
+    """The README's sentence: what `make run` covers and its measured wall time, with the run's provenance."""
+    return (f"`make run` extracts every layer, then fits linear, mean_diff, mlp and samil at every layer for all five "
+            "tasks, C chosen by grouped cross-validation for every probe that has one (samil included), "
+            f"out-of-fold calibration, and writes the report: **{lines[-1][0] / 60:.1f} min** wall on "
+            f"{workers(lines)} workers ({host()}; {stamp}; `python -m experiments.bench.make_run_page`).")
+
+
+def with_readme_summary(readme: str, summary: str) -> str:
+    """`readme` with the text between its make_run_page markers replaced by `summary`."""
+    if not README_BLOCK.search(readme):
+        raise ValueError("the README has no <!-- make_run_page --> ... <!-- /make_run_page --> block")
+    return README_BLOCK.sub(lambda m: m.group(1) + summary + m.group(2), readme, count=1)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "make_run.md"))
     ap.add_argument("--log", default=str(ROOT / "make_run.log"))
     ap.add_argument("--from-log", action="store_true", help="write the page from an earlier run's --log, no rerun")
+    ap.add_argument("--readme", default=str(ROOT / "README.md"), help="the README whose make_run_page block to "
+                    "rewrite ('': none)")
     args = ap.parse_args(argv)
+    if args.readme and not README_BLOCK.search(Path(args.readme).read_text()):
+        sys.exit(f"{args.readme} has no <!-- make_run_page --> ... <!-- /make_run_page --> block for the measured "
+                 "time: add the two marker lines, or pass --readme ''")
     if args.from_log and not Path(args.log).is_file():
         sys.exit(f"--from-log: no log at {args.log}; run without --from-log, or give --log a make_run.log")
     lines, code = read_log(Path(args.log)) if args.from_log else run_make(Path(args.log))
@@ -174,6 +197,9 @@ def main(argv=None) -> None:
     shutil.copyfile(REPORT / "mcc_by_layer.png", FIGURE_COPY)
     text = page(run_stamp(lines), lines)
     atomic_write(Path(args.out), lambda f: f.write(text.encode()))
+    if args.readme:
+        readme = with_readme_summary(Path(args.readme).read_text(), readme_summary(run_stamp(lines), lines))
+        atomic_write(Path(args.readme), lambda f: f.write(readme.encode()))
     print(f"written: {args.out} ({lines[-1][0] / 60:.1f} min)")
 
 

@@ -58,17 +58,36 @@ class PreparedBags:
         return self.Xu.device
 
 
-def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> PreparedBags:
-    """What every sAwMIL fit of these bags shares whatever its C (checked inputs, distinct token vectors,
-    sMIL's rows), on ``device`` (None: ``X``'s): fit several C with `SAwMIL.fit_prepared`. Arguments as
-    `SAwMIL.fit`; ``k``: the default candidates' count (the estimator's ``k``)."""
+@dataclass
+class DistinctTokens:
+    """Token vectors ``X [T, d]`` as the SVMs read them, whatever the bags' labels: ``Xu [U, d]`` the
+    distinct rows (X's float dtype: float32 holds float32 tokens exactly), ``inv [T]`` each token's row."""
+    Xu: torch.Tensor
+    inv: torch.Tensor
+
+
+def distinct_tokens(X, device=None) -> DistinctTokens:
+    """The `DistinctTokens` of ``X [T, d]`` (numpy or torch) on ``device`` (None: ``X``'s). Identical tokens
+    (shared prefixes) become one row of the SVMs with their C summed: the same objective for every
+    (w, b), so the same optimum and certificate, on fewer rows."""
     dev = torch.device(device) if device is not None else (X.device if isinstance(X, torch.Tensor) else torch.device("cpu"))
     X = as_tensor(X, device=dev)
     if X.dim() != 2:
         raise ValueError("X must be [T, d]")
     if X.dtype not in (torch.float32, torch.float64):
         X = X.to(torch.float32 if X.is_floating_point() else torch.float64)   # exact for half types
-    T, d = X.shape
+    rows, inv = unique_rows(X)                     # [U], [T]
+    return DistinctTokens(X.index_select(0, rows), inv)
+
+
+def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> PreparedBags:
+    """What every sAwMIL fit of these bags shares whatever its C (checked inputs, distinct token vectors,
+    sMIL's rows), on ``device`` (None: ``X``'s): fit several C with `SAwMIL.fit_prepared`. Arguments as
+    `SAwMIL.fit`; ``X`` may also be the tokens' `distinct_tokens` (computed once for bags labelled
+    several ways: the one-vs-all heads of a layer); ``k``: the default candidates' count (the estimator's ``k``)."""
+    tokens = X if isinstance(X, DistinctTokens) else distinct_tokens(X, device)
+    inv, dev = tokens.inv, tokens.Xu.device
+    T = inv.numel()
     offsets = check_offsets(as_tensor(offsets).to(dev), T)
     N = offsets.numel() - 1
     yb = as_tensor(y).to(dev).reshape(-1)
@@ -88,12 +107,9 @@ def prepare_bags(X, offsets, y, k: int = 2, candidates=None, device=None) -> Pre
             raise ValueError("candidates must be a [T] boolean mask")
     bag_idx = bag_index(offsets)                  # [T]
     inst_pos_bag = ypos[bag_idx]                   # [T] instance belongs to a positive bag
-    # identical tokens (shared prefixes) are one row of the SVMs, their C summed: the same
-    # objective for every (w, b), so the same optimum and certificate, on fewer rows
-    rows, inv = unique_rows(X)                     # [U], [T]
-    Xu = X.index_select(0, rows).to(torch.float64)  # [U, d] distinct token vectors
+    Xu = tokens.Xu.to(torch.float64)               # [U, d] distinct token vectors
     # sMIL's rows: the distinct negative-bag tokens, then the positive bags' means
-    neg_count = torch.bincount(inv[~inst_pos_bag], minlength=rows.numel())          # [U] negative copies
+    neg_count = torch.bincount(inv[~inst_pos_bag], minlength=Xu.shape[0])           # [U] negative copies
     neg_groups = torch.nonzero(neg_count, as_tuple=False).reshape(-1)
     pos_bags = torch.nonzero(ypos, as_tuple=False).reshape(-1)
     pos_len = lengths[pos_bags].to(torch.float64)

@@ -10,7 +10,7 @@ from evaluation.metrics import auroc
 from probes.base import Probe, ProbeError, kfold_splits, resolve_device, standardiser
 from probes.features import Features
 from probes.samil.bags import matvec, segment_max
-from probes.samil.estimator import PreparedBags, SAwMIL, prepare_bags
+from probes.samil.estimator import PreparedBags, SAwMIL, distinct_tokens, prepare_bags
 
 
 class SAwMILProbe(Probe):
@@ -85,10 +85,18 @@ class SAwMILProbe(Probe):
         return standardiser(X) if self.standardize else (torch.zeros(d), torch.ones(d))
 
     def _prepared(self, train: Features, y: np.ndarray) -> tuple[tuple[torch.Tensor, torch.Tensor], PreparedBags]:
-        """`train`'s bags standardised on them and prepared for fits at any C: ((mean [d], std [d]), bags)."""
-        mean, std = self._standardiser(train.X)
-        return (mean, std), prepare_bags((train.X - mean) / std, train.offsets, y, self.k,
-                                         device=resolve_device(self.accelerator))
+        """`train`'s bags standardised on them and prepared for fits at any C: ((mean [d], std [d]), bags).
+        The standardisation and distinct tokens do not depend on `y`: computed once for the statements
+        (`Features.derived`), they serve every head fitted on them (a layer's one-vs-all heads, fold by fold)."""
+        device = resolve_device(self.accelerator)
+
+        def standardised_tokens(data: Features):
+            mean, std = self._standardiser(data.X)
+            return (mean, std), distinct_tokens((data.X - mean) / std, device=device)
+
+        scaling, tokens = train.derived(f"samil_tokens(standardize={self.standardize}, device={device})",
+                                        standardised_tokens)
+        return scaling, prepare_bags(tokens, train.offsets, y, self.k)
 
     def _fit_one(self, C: float, split: tuple, warm=None) -> tuple[SAwMIL, torch.Tensor, torch.Tensor]:
         """SAwMIL at C on a split's bags (`_prepared`): (model, mean [d], std [d]).
@@ -112,7 +120,8 @@ class SAwMILProbe(Probe):
             self.held_out_scores_ = self._held_scores[C]
         self._held_scores = {}
         t0 = time.perf_counter()
-        model, self.mean, self.std = self._fit_one(C, self._prepared(train, y), warm=self._fold_fits.get(C))
+        model, mean, std = self._fit_one(C, self._prepared(train, y), warm=self._fold_fits.get(C))
+        self.mean, self.std = mean.clone(), std.clone()     # (its own buffers: the scaling is shared with other heads)
         if cv_auroc:
             self._record(None, C, model, time.perf_counter() - t0)
         self._fold_fits = {}
