@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from extract.config import compose_config, config_groups
 from extract.entry import SCHEMAS, schema_of
@@ -20,13 +21,34 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("mkdocs", reason="mkdocs is not installed (make install installs it: the `test` extra)")
 
 
+def build(config: Path, out: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of `config` into `out`, as the manual is built (no --quiet: it would drop the
+    warnings that --strict counts, so a broken anchor would pass)."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = build(ROOT / "mkdocs.yml", out)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
+
+
+def test_a_broken_anchor_fails_the_build(tmp_path):
+    """The manual's own link checks (mkdocs.yml's `validation` and `strict`) on a planted broken anchor."""
+    settings = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\n[options](other.md#no-such-heading)\n")
+    (tmp_path / "docs" / "other.md").write_text("# Other\n\n## Options\n")
+    config = {"site_name": "planted", "docs_dir": "docs", "strict": settings["strict"],
+              "validation": settings["validation"], "markdown_extensions": ["toc"]}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    done = build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0 and "no-such-heading" in done.stderr, done.stderr[-2000:]
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\n[options](other.md#options)\n")
+    assert build(tmp_path / "mkdocs.yml", tmp_path / "site").returncode == 0
 
 
 def test_every_entry_point_has_an_options_page():
