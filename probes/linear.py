@@ -252,8 +252,9 @@ class LinearProbe(Probe):
 
     @torch.no_grad()
     def _decision(self, data: Features) -> np.ndarray:
-        X = statement_vectors(data, self.representation).to(self.mean.device)
-        return (((X - self.mean) / self.std) @ self.weight + self.bias).double().cpu().numpy()
+        X = statement_vectors(data, self.representation).to(self.mean.device).double()
+        # float64: a row's score does not depend on the rows scored beside it (float32 kernels differ by batch size)
+        return (((X - self.mean.double()) / self.std.double()) @ self.weight.double() + self.bias.double()).cpu().numpy()
 
     # -- the direction in the original (unstandardised) feature space ----------------------------
     @property

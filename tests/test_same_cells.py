@@ -5,7 +5,8 @@ recorded fingerprints in tests/golden/small_sweep.json.
 What differs between two runs is left out of a fingerprint: timings, dates, provenance (command, git
 commit), the temporary folder (replaced by `<root>`) and a cell's `heads` record (its file is named by
 the sha256 of the float weights, so the last bit of a weight renames it; the weights' effect is in the
-cell's scores). Floats are compared through three fixed
+cell's scores), and the sha256 of a cell's score files (a zero-shot cell's `scores_source`: the scores are
+fingerprinted as floats in their own .npy). Floats are compared through three fixed
 random projections, within 1e-6 of their scale (1e-4 for tables and pixels), so the last bits of a
 reduction on another machine do not count; any real change does.
 A deliberate change of results rewrites the fingerprints:
@@ -42,7 +43,8 @@ RTOL = {".json": 1e-6, ".npy": 1e-6, ".csv": 1e-4, ".md": 1e-4, ".png": 1e-4}
 def _split(value, root: str, floats: list) -> object:
     """`value` with volatile keys dropped, `root` replaced by <root> and every float moved to `floats`."""
     if isinstance(value, dict):
-        return {k: _split(v, root, floats) for k, v in sorted(value.items()) if k not in VOLATILE}
+        return {k: _split(v, root, floats) for k, v in sorted(value.items())
+                if k not in VOLATILE and not (k == "sha256" and "files" in value)}   # hashes of float files
     if isinstance(value, list):
         return [_split(v, root, floats) for v in value]
     if isinstance(value, float):
