@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
 from torch.utils.data import DataLoader
 
-from probes.base import Probe, balanced_weights, check_choice, check_positive, draw_seed, kfold_splits, standardiser
+from probes.base import (Probe, balanced_weights, beyond_grid, check_C_limits, check_choice, check_positive, draw_seed,
+                         kfold_splits, standardiser)
 from probes.features import Features, statement_vectors
 from probes.trainer import FullBatch, make_trainer, quiet_lightning
 
@@ -64,6 +65,9 @@ class LinearProbe(Probe):
     Args:
         C: inverse L2 strength (sklearn's convention); None -> chosen from `Cs` by cross-validation.
         Cs: grid searched when `C` is None.
+        C_limits: (lo, hi): while the CV optimum lies at an end of the searched grid, the grid is extended a
+            decade beyond that end (warm-started from the end's fits) until the optimum is interior or the
+            next decade would leave [lo, hi]; None: `Cs` as given. `params()["Cs"]` is the searched grid.
         loss: "logistic" (logistic regression) or "hinge" (linear SVM, squared hinge).
         representation: "last" (last token) or "mean" (token mean) statement vectors.
         tokens: "statement" (statement-text tokens) or "all" (BOS and chat-template tokens too).
@@ -79,18 +83,20 @@ class LinearProbe(Probe):
         accelerator: passed to the Trainer ("auto", "cpu", "gpu").
         seed: seed of the fold assignment; None -> drawn from torch's global generator.
 
-    After a cross-validated `fit`, `cv_scores_` (float64 [len(Cs), N]) holds the held-out decision
-    values of the training statements at each grid C (NaN for statements no fold held out);
-    `n_iter_` counts the final fit's Newton iterations.
+    After a cross-validated `fit`, `cv_scores_` (float64 [K, N]) holds the held-out decision values of the
+    training statements at each C of the searched grid (K values, increasing: `params()["Cs"]`; NaN for
+    statements no fold held out); `n_iter_` counts the final fit's Newton iterations.
     """
 
-    def __init__(self, C: float | None = None, Cs=(0.001, 0.01, 0.1, 1.0, 10.0), loss: str = "logistic",
+    def __init__(self, C: float | None = None, Cs=(0.001, 0.01, 0.1, 1.0, 10.0), C_limits=(1e-6, 1e4),
+                 loss: str = "logistic",
                  representation: str = "last", class_weight: str | None = "balanced",
                  cv_folds: int = 5, cv_metric: str = "log_loss", max_iter: int = 500,
                  max_epochs: int = 2, tol: float = 1e-6, accelerator: str = "auto",
                  seed: int | None = None, tokens: str = "statement"):
         super().__init__()
         self.C, self.Cs, self.loss, self.representation = C, tuple(Cs), loss, representation
+        self.C_limits = None if C_limits is None else tuple(C_limits)
         self.class_weight, self.cv_folds, self.cv_metric, self.max_iter = class_weight, cv_folds, cv_metric, max_iter
         self.max_epochs, self.tol, self.accelerator, self.seed, self.tokens = max_epochs, tol, accelerator, seed, tokens
         self._check_params()
@@ -106,6 +112,7 @@ class LinearProbe(Probe):
         check_choice("cv_metric", self.cv_metric, ("mcc", "log_loss"))
         for c in ([] if self.C is None else [self.C]) + list(self.Cs):
             check_positive("C" if self.C is not None else "Cs", c)
+        check_C_limits(self.C_limits, self.Cs)
         for name in ("cv_folds", "max_iter", "max_epochs"):
             check_positive(name, getattr(self, name), integer=True)
         check_positive("tol", self.tol)
@@ -122,7 +129,8 @@ class LinearProbe(Probe):
     def training_step(self, batch, batch_idx):
         fits = _Fits(*batch, loss=self.loss)
         if self._path is None:  # first epoch: along increasing C, each warm-started from the last
-            theta = torch.zeros(fits.weights.shape[1], fits.A.shape[1], dtype=fits.A.dtype, device=fits.A.device)
+            theta = (torch.zeros(fits.weights.shape[1], fits.A.shape[1], dtype=fits.A.dtype, device=fits.A.device)
+                     if self._start is None else self._start.to(fits.A.device))
             self._path, self._done, self._iters = [], [], []
             for C in self._path_Cs:
                 todo = torch.ones(len(theta), dtype=torch.bool, device=theta.device)
@@ -162,8 +170,10 @@ class LinearProbe(Probe):
             active = active & (_precondition(chol, grad).abs().amax(1) > self.tol)
         return theta, todo & ~active, iters
 
-    def _solve_path(self, X: torch.Tensor, y: np.ndarray, folds: list, Cs: list[float]):
-        """Fit every fold of `folds` and all of X (the last fit) at every C of `Cs` (increasing).
+    def _solve_path(self, X: torch.Tensor, y: np.ndarray, folds: list, Cs: list[float],
+                    start: torch.Tensor | None = None):
+        """Fit every fold of `folds` and all of X (the last fit) at every C of `Cs` (increasing), the first C
+        from `start` [len(folds) + 1, d+1] (the fits' weights in the coordinates of A; None: zeros).
 
         X float32 [N, d]. Returns (mean, std) float32 [d] of X, A float64 [N, d+1] (X standardised
         by them, and ones), path float64 [len(Cs), len(folds) + 1, d+1] (each fit's weights and bias
@@ -187,14 +197,14 @@ class LinearProbe(Probe):
                  for g in range(2 * len(fits))]
         group_weights = weights[first].T.contiguous()      # [S, G]: the weight of group g's rows in fit s
         t = torch.from_numpy(2.0 * y - 1.0)
-        self._path_Cs, self._path = list(Cs), None
+        self._path_Cs, self._path, self._start = list(Cs), None, start
         loader = DataLoader(FullBatch(A, t, weights, penalty, group_weights, group), batch_size=None)
         with quiet_lightning(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*configure_optimizers.*returned `None`.*")
             make_trainer(self.accelerator, self.max_epochs).fit(self, loader)
         path = torch.stack([theta.cpu() for theta in self._path])
         iters = [int(i[-1]) for i in self._iters]
-        del self._path, self._done, self._iters
+        del self._path, self._done, self._iters, self._start
         return mean, std, A, path, iters
 
     # -- Probe interface --------------------------------------------------------------------------
@@ -212,9 +222,17 @@ class LinearProbe(Probe):
         mean, std, A, path, iters = self._solve_path(X, y, folds, grid)
         self._params = {"loss": self.loss, "representation": self.representation, "class_weight": self.class_weight}
         if folds:
-            C = self._cross_validate(A, y, folds, grid, path, Cs)
+            C = self._cross_validate(A, y, folds, grid, path)
+            while (beyond := beyond_grid(grid, C, self.C_limits)) is not None:   # bracket the optimum
+                edge = grid.index(C)
+                extra, extra_iters = self._solve_path(X, y, folds, [beyond], start=path[edge])[3:]
+                at = edge + (beyond > C)
+                grid.insert(at, beyond)
+                path = torch.cat([path[:at], extra, path[at:]])
+                iters.insert(at, extra_iters[0])
+                C = self._cross_validate(A, y, folds, grid, path)
             if given:
-                self.held_out_scores_ = self.cv_scores_[Cs.index(C)]
+                self.held_out_scores_ = self.cv_scores_[grid.index(C)]
         final = path[grid.index(C), -1]
         self.mean, self.std = mean, std
         self.weight = torch.nn.Parameter(final[:-1].float(), requires_grad=False)
@@ -223,10 +241,10 @@ class LinearProbe(Probe):
         self._params.update(C=C, n_iter=self.n_iter_)
         return self
 
-    def _cross_validate(self, A: torch.Tensor, y: np.ndarray, folds: list, grid: list[float],
-                        path: torch.Tensor, Cs: tuple[float, ...]) -> float:
-        """The C of `Cs` chosen by `cv_metric` from the held-out scores of the fold fits in path [K, F+1, p]
-        (K = len(grid)); sets `cv_scores_` and the CV entries of `_params`."""
+    def _cross_validate(self, A: torch.Tensor, y: np.ndarray, folds: list, Cs: list[float],
+                        path: torch.Tensor) -> float:
+        """The C of the searched grid `Cs` (increasing) chosen by `cv_metric` from the held-out scores of the
+        fold fits in path [len(Cs), F+1, p]; sets `cv_scores_` and the CV entries of `_params`."""
         scores = np.full((len(Cs), len(A)), np.nan)
         mcc = np.zeros((len(folds), len(Cs)))
         loss = np.zeros((len(folds), len(Cs)))
@@ -234,7 +252,7 @@ class LinearProbe(Probe):
             s_te = torch.from_numpy(balanced_weights(y[te], self.class_weight)).double()
             t_te = torch.from_numpy(2.0 * y[te] - 1.0)
             for j, c in enumerate(Cs):
-                score = A[te] @ path[grid.index(c), f]
+                score = A[te] @ path[j, f]
                 scores[j, te] = score.numpy()
                 mcc[f, j] = matthews_corrcoef(y[te], (score > 0).numpy().astype(int))
                 loss[f, j] = float((s_te * _margin_loss(t_te * score, self.loss)).sum() / s_te.sum())
@@ -247,6 +265,7 @@ class LinearProbe(Probe):
         C = Cs[best]
         self._params.update({"Cs": list(Cs), "cv_metric": self.cv_metric,
                              "cv_mcc": mean_mcc.round(6).tolist(), "cv_loss": mean_loss.round(6).tolist(),
+                             "C_limits": None if self.C_limits is None else [float(c) for c in self.C_limits],
                              "C_at_grid_edge": C in (min(Cs), max(Cs))})
         return C
 

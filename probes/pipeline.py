@@ -196,8 +196,9 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
         log.warning("%s %s: degenerate fit (%s): its metrics describe a constant or a one-label probe",
                     cfg.probe.name, task, "; ".join(r for r in reasons if r not in edges))
     if edges:
-        log.warning("%s %s: %s: C was chosen at the end of its grid, a wider grid (probe.Cs=[...]) may hold a "
-                    "better C", cfg.probe.name, task, "; ".join(edges))
+        log.warning("%s %s: %s: C was chosen at the end of its grid, which could not be extended further "
+                    "(the bound probe.C_limits, or C_limits=null): wider limits may hold a better C",
+                    cfg.probe.name, task, "; ".join(edges))
     config = OmegaConf.to_container(cfg, resolve=True)
     config.pop("tasks", None)
     config["task"] = {"name": task}
@@ -222,8 +223,8 @@ def degenerate_reasons(params: dict[str, dict], train_scores: np.ndarray, metric
     """Why a task's fit is not a healthy probe (empty when it is): "zero_weights" (a head with ||w|| ~ 0),
     "constant_scores" (a head's training scores [n, heads] all equal), "single_label_accepted" (its
     conformal sets accept one label only, so MCC on the accepted rows is 0 whatever the scores),
-    "C_at_grid_edge:lower" / ":upper" (a head's C chosen by CV sits on the grid's edge: the grid may not
-    hold the best C), each reason once."""
+    "C_at_grid_edge:lower" / ":upper" (a head's C chosen by CV sits on the edge of its searched grid: the
+    grid was extended up to its bound C_limits, or not at all, and may not hold the best C), each reason once."""
     reasons = []
     if any(p.get("degenerate", False) for p in params.values()):
         reasons.append("zero_weights")

@@ -150,7 +150,8 @@ def test_one_label_and_grid_edge_fits_are_flagged(weak_dirs, caplog):
         == ["single_label_accepted"]
     assert degenerate_reasons({"1": {"C": 1.0}}, np.array([[0.0], [1.0]]), {"single_label_accepted": False}) == []
     with caplog.at_level("WARNING"):
-        cell = _run(weak_dirs, "probe=linear", "probe.Cs=[0.001,0.01]", "overwrite=true")
+        cell = _run(weak_dirs, "probe=linear", "probe.Cs=[0.001,0.01]", "probe.C_limits=[0.001,0.01]",
+                    "overwrite=true")   # the grid may not be extended beyond its bound
     edge = "lower" if cell["probe_params"]["1"]["C"] == 0.001 else "upper"
     assert cell["degenerate"] is True and f"C_at_grid_edge:{edge}" in cell["degenerate_reasons"]
     messages = [r.getMessage() for r in caplog.records]

@@ -324,7 +324,7 @@ def test_warm_cv_equals_cold_cv():
     every (fold, C) fit in both stages, and the same final model to the solver's tolerance."""
     X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
     train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
-    probes = {w: SAwMILProbe(accelerator="cpu", warm_cv=w, Cs=(1.0, 10.0, 100.0)).fit(train, y)
+    probes = {w: SAwMILProbe(accelerator="cpu", warm_cv=w, Cs=(1.0, 10.0, 100.0), C_limits=None).fit(train, y)
               for w in (False, True)}
     cold, warm = probes[False], probes[True]
     assert cold.params()["C"] == warm.params()["C"]
@@ -388,7 +388,7 @@ def test_stage3_dual_cd_cv_equals_previous_solver():
     stages, the same final model to the solver's tolerance (bench_samil --cv-compare on a real layer)."""
     X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
     train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
-    old, new = (SAwMILProbe(accelerator="cpu", stage3_solver=s, Cs=(1.0, 10.0, 100.0)).fit(train, y)
+    old, new = (SAwMILProbe(accelerator="cpu", stage3_solver=s, Cs=(1.0, 10.0, 100.0), C_limits=None).fit(train, y)
                 for s in ("smoothing", "dual_cd"))
     _same_cv_fits(old, new)
     s_old, s_new = old.decision_function(train), new.decision_function(train)
@@ -429,7 +429,7 @@ def test_compiled_products_cv_equals_previous_solver(monkeypatch):
     from probes.samil import exact, kernels
     X, off, y, _, _ = make_planted_bags(240, 32, shift=2.0, seed=5)
     train = Features(torch.as_tensor(X), torch.as_tensor(off), np.arange(240) // 2)
-    new = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0)).fit(train, y)
+    new = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0), C_limits=None).fit(train, y)
     init = kernels.Rows.__init__
 
     def torch_products(self, X_):
@@ -438,7 +438,7 @@ def test_compiled_products_cv_equals_previous_solver(monkeypatch):
 
     monkeypatch.setattr(kernels.Rows, "__init__", torch_products)
     monkeypatch.setattr(exact, "DROP_MASS", 0.1)
-    old = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0)).fit(train, y)
+    old = SAwMILProbe(accelerator="cpu", Cs=(1.0, 10.0, 100.0), C_limits=None).fit(train, y)
     _same_cv_fits(old, new)
 
 

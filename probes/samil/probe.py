@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from evaluation.metrics import auroc
-from probes.base import Probe, ProbeError, kfold_splits, resolve_device, standardiser
+from probes.base import Probe, ProbeError, beyond_grid, check_C_limits, kfold_splits, resolve_device, standardiser
 from probes.features import Features
 from probes.samil.bags import matvec, segment_max
 from probes.samil.estimator import PreparedBags, SAwMIL, distinct_tokens, prepare_bags
@@ -20,7 +20,10 @@ class SAwMILProbe(Probe):
     reference code does; without it the few high-variance residual dimensions decide the SVM and
     real-data AUROC falls to chance). C is chosen from `Cs` by grouped cross-validation on the
     training bags (folds never split a group of statements sharing an entity; each fold standardised
-    on its own training part), by held-out bag AUROC; `C` fixes it instead. `tokens` chooses the
+    on its own training part), by held-out bag AUROC (ties: the smaller C); `C` fixes it instead. While the
+    chosen C lies at an end of the searched grid, the grid is extended a decade beyond it (each fold's new
+    fit warm-started from its fit at that end) until the optimum is interior or the next decade would leave
+    `C_limits` (lo, hi); `C_limits=None`: `Cs` as given. `params()["Cs"]` is the searched grid. `tokens` chooses the
     bag's tokens ("statement" or "all"); the other arguments are those of `SAwMIL` (`stage3_weights`
     "balanced" by default, "none" = the reference's unweighted stage 3; the solver options
     `min_pos_ratio`, `fallback`, `max_iter`, `tol`, `num_threads`, `stage3_solver`: None = SAwMIL's default). Runs on the
@@ -45,7 +48,7 @@ class SAwMILProbe(Probe):
     representation = "bags"
     representations = ("bags",)
 
-    def __init__(self, C: float | None = None, Cs=(10.0, 100.0, 1000.0), cv_folds: int = 3,
+    def __init__(self, C: float | None = None, Cs=(10.0, 100.0, 1000.0), C_limits=(0.1, 1e5), cv_folds: int = 3,
                  eta: float | None = None, k: int = 2, c_scaling: str = "per_instance",
                  stage3_weights: str = "balanced", standardize: bool = True, accelerator: str = "auto", seed: int = 0,
                  tokens: str = "statement", warm_cv: bool = True, min_pos_ratio: float | None = None,
@@ -57,6 +60,7 @@ class SAwMILProbe(Probe):
         self.seed, self.tokens, self.warm_cv, self.min_pos_ratio = seed, tokens, warm_cv, min_pos_ratio
         self.fallback, self.max_iter, self.tol, self.num_threads = fallback, max_iter, tol, num_threads
         self.stage3_solver = stage3_solver
+        self.C_limits = None if C_limits is None else tuple(C_limits)
         self._check_params()
         self.register_buffer("coef", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("intercept", torch.zeros((), dtype=torch.float64))
@@ -71,6 +75,7 @@ class SAwMILProbe(Probe):
                 raise ProbeError(f"{name}={getattr(self, name)!r}: use true or false")
         for c in (self.Cs if self.C is None else (self.C,)):
             SAwMIL(C=c, **self._options).check_params()
+        check_C_limits(self.C_limits, self.Cs)
 
     @property
     def _options(self) -> dict:
@@ -113,7 +118,7 @@ class SAwMILProbe(Probe):
     def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "SAwMILProbe":
         self._fold_fits, self.held_out_scores_ = {}, None
         cv_auroc = {} if self.C is not None else self._cross_validate(train, y, folds)
-        C = self.C if self.C is not None else max(self.Cs, key=lambda c: (cv_auroc.get(c, -1.0), -c))
+        C = self.C if self.C is not None else _best_C(cv_auroc) if cv_auroc else None
         if self.C is None and not cv_auroc:
             C = self.Cs[len(self.Cs) // 2]  # too few groups for folds: the middle of the grid
         elif cv_auroc and folds:
@@ -128,8 +133,10 @@ class SAwMILProbe(Probe):
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
         options = {k: v for k, v in self._options.items() if isinstance(v, (int, float, str, type(None)))}
         train_scores = self._decision(train)
-        self._params = {**options, "eta_target": options["eta"], "C": float(C), "Cs": [float(c) for c in self.Cs],
-                        "cv_auroc": {str(c): a for c, a in cv_auroc.items()}, "eta": float(model.eta_),
+        searched = sorted(cv_auroc) if cv_auroc else self.Cs
+        self._params = {**options, "eta_target": options["eta"], "C": float(C), "Cs": [float(c) for c in searched],
+                        "C_limits": None if self.C_limits is None else [float(c) for c in self.C_limits],
+                        "cv_auroc": {str(c): cv_auroc[c] for c in sorted(cv_auroc)}, "eta": float(model.eta_),
                         "fallback_used": bool(model.fallback_used_), "standardize": self.standardize,
                         "coef_norm": model.fit_info_["stage3"]["coef_norm"],
                         "degenerate": bool(model.degenerate_ or np.ptp(train_scores) == 0.0),
@@ -137,31 +144,48 @@ class SAwMILProbe(Probe):
         return self
 
     def _cross_validate(self, train: Features, y: np.ndarray, folds: list | None = None) -> dict[float, float]:
-        """Held-out bag AUROC of every C of `Cs` over grouped folds (`folds`, or `cv_folds` of its own;
-        {} when no folds are possible); the held-out scores of each C in `_held_scores`."""
+        """Held-out bag AUROC of every C searched (`Cs`, then the decades `beyond_grid` adds) over grouped
+        folds (`folds`, or `cv_folds` of its own; {} when no folds are possible); the held-out scores of each
+        C in `_held_scores`, the last fold's fit at each C in `_fold_fits` (the final fit starts from it)."""
         folds = list(folds) if folds else kfold_splits(y, train.groups, self.cv_folds, self.seed)
         self._held_scores = {}
         if not folds:
             return {}
         held_all = np.concatenate([held for _, held in folds])
         self.cv_fits_ = []
-        scores = {C: np.full(len(y), np.nan) for C in self.Cs}
+        fold_fits = [{} for _ in folds]              # per fold: {C: (model, mean, std)}
+        grid = sorted(self.Cs)
+        self._fold_pass(train, y, folds, grid, fold_fits)
+        cv_auroc = {C: auroc(y[held_all], self._held_scores[C][held_all]) for C in grid}
+        while (beyond := beyond_grid(grid, _best_C(cv_auroc), self.C_limits)) is not None:
+            self._fold_pass(train, y, folds, [beyond], fold_fits)
+            grid = sorted([*grid, beyond])
+            cv_auroc[beyond] = auroc(y[held_all], self._held_scores[beyond][held_all])
+        if self.warm_cv:
+            self._fold_fits = fold_fits[-1]
+        return cv_auroc
+
+    def _fold_pass(self, train: Features, y: np.ndarray, folds: list, Cs: list[float], fold_fits: list[dict]) -> None:
+        """Fit every fold at each C of `Cs` (in order), scoring its held-out bags into `_held_scores[C]`. With
+        `warm_cv`, a fit starts from the same fold's fit at the largest smaller C already fitted, else from the
+        previous fold's fit at the same C (half of its rows are shared), else from zero. Never from a larger C:
+        at a small C the weights are small and a start from a larger C's stops, within the duality-gap
+        tolerance, at a visibly different direction (held-out AUROC 0.73 against 0.90 cold on planted bags)."""
         for f, (fit_idx, held_idx) in enumerate(folds):
             part, held = train.subset(fit_idx), train.subset(held_idx)
-            # a fold's first C starts from the previous fold's fit at that C (half of its rows are shared)
-            split, prev = self._prepared(part, y[fit_idx]), self._fold_fits.get(min(self.Cs))
+            split = self._prepared(part, y[fit_idx])
             (mean, std), _ = split
             held_tokens = ((held.X - mean) / std).numpy()        # [T_held, d] in the fold's coordinates
-            for C in sorted(self.Cs):
+            for C in Cs:
+                own = fold_fits[f]
+                below = [c for c in own if c < C]
+                prev = own[max(below)] if below else fold_fits[f - 1].get(C) if f else None
                 t0 = time.perf_counter()
                 fit = self._fit_one(C, split, warm=prev if self.warm_cv else None)
                 self._record(f, C, fit[0], time.perf_counter() - t0)
-                prev = fit
-                scores[C][held_idx] = fit[0].decision_function(held_tokens, held.offsets.numpy())
-                if self.warm_cv:
-                    self._fold_fits[C] = fit          # (the final fit at the chosen C starts from it)
-        self._held_scores = scores
-        return {C: auroc(y[held_all], scores[C][held_all]) for C in self.Cs}
+                self._held_scores.setdefault(C, np.full(len(y), np.nan))[held_idx] = \
+                    fit[0].decision_function(held_tokens, held.offsets.numpy())
+                own[C] = fit
 
     def _record(self, fold, C, model, seconds):
         info = model.fit_info_
@@ -172,6 +196,11 @@ class SAwMILProbe(Probe):
         """float64 [N]: bag scores (max over each bag's token scores)."""
         scores = matvec((data.X - self.mean) / self.std, self.coef) + float(self.intercept)   # [T]
         return segment_max(scores, data.offsets, empty=float(self.intercept)).numpy()
+
+
+def _best_C(cv_auroc: dict[float, float]) -> float:
+    """The C of the highest held-out AUROC; ties: the smaller C."""
+    return max(cv_auroc, key=lambda c: (cv_auroc[c], -c))
 
 
 def _rescale(w, b, mean, std, new_mean, new_std):
