@@ -30,8 +30,6 @@ answer_help(__name__, "ncb_study", NCBStudySchema)   # before the imports below:
 
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -42,17 +40,17 @@ from evaluation.provenance import host, page_stamp, provenance
 from evaluation.tasks import TASKS
 from experiments.cross_model import load_study
 from experiments.ncb_report import load_stress
+from experiments.steps import run_step, store_complete
 from experiments.ncb_robust import clean_markdown, clean_table, ncb_folders, robust_markdown, robust_table
 from experiments.tables import ALPHA, best_layers, holm_resolution_warning, publish
 from extract.config import CONF_DIR
 from extract.entry import entry_main
 from extract.errors import ToolkitError, check_count
 from extract.schema import check_writable, typed_options
-from extract.store import ActivationStore, store_path
+from extract.store import store_path
 
 log = logging.getLogger(__name__)
 CONTROL = ("peer", "0")          # the neutral passage: a context, no false claim
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def study_steps(o: dict) -> None:
@@ -61,30 +59,15 @@ def study_steps(o: dict) -> None:
         for datapack in o["datapacks"]:
             common = [f"model={model}", f"data={datapack}", f"store_dir={o['store_dir']}"]
             if not store_complete(store_path(o["store_dir"], model, datapack)):
-                _step("extract", *common)                     # a stopped store resumes
-            _step("experiments.sweep", *common, f"results_dir={o['results_dir']}", f"tasks=[{o['task']}]",
+                run_step("extract", *common)                     # a stopped store resumes
+            run_step("experiments.sweep", *common, f"results_dir={o['results_dir']}", f"tasks=[{o['task']}]",
                   f"probes=[{','.join(o['probes'])}]", f"workers={o['workers']}", f"n_boot={o['n_boot']}",
                   f"split={o['split']['kind']}")
             chosen = chosen_cells(o, model, datapack)
             layers = f"stress_layers=[{','.join(str(int(k)) for k in sorted(set(chosen['layer'])))}]"
             for cell in chosen["path"]:                       # one stress store at every chosen layer serves all
-                _step("ncb", *common, f"results_dir={o['results_dir']}", f"method='{cell}'", layers,
+                run_step("ncb", *common, f"results_dir={o['results_dir']}", f"method='{cell}'", layers,
                       f"n_boot={o['n_boot']}")
-
-
-def store_complete(path: Path) -> bool:
-    """Whether the store at `path` exists and holds every statement (a stopped extraction does not)."""
-    if not path.exists():
-        return False
-    store = ActivationStore(path, allow_incomplete=True)
-    return store.n_done == store.n_statements
-
-
-def _step(module: str, *args: str) -> None:
-    log.info("python -m %s %s", module, " ".join(args))
-    if subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT).returncode:
-        raise ToolkitError(f"`python -m {module} {' '.join(args)}` failed (its error is above); fix it and rerun "
-                           "the study: finished steps are kept")
 
 
 def chosen_cells(o: dict, model: str, datapack: str) -> pd.DataFrame:

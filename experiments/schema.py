@@ -89,3 +89,25 @@ class NCBStudySchema:
     store_dir: str = option("activations", "the stores: <store_dir>/<model>/<datapack>.h5 (extracted when missing)")
     results_dir: str = option("results", "cells and NCB outputs: <results_dir>/<model>/<datapack>/...")
     out_dir: str = option("docs/results/ncb", "the page: <out_dir>/index.md and ncb.csv (whole or not at all)")
+
+
+@dataclass
+class ClaimsStudySchema:
+    """`python -m experiments.claims_study`'s options (conf/claims_study.yaml)."""
+    models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
+    datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
+    probes: list[str] = option(["samil", "linear", "mlp", "mean_diff", "random_direction"],
+                               "the probes and probe-like controls swept at every stored layer")
+    tasks: list[str] = option(["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"],
+                              "the tasks of every sweep job (heads shared within a layer)")
+    split: SplitChoice = field(default_factory=SplitChoice)
+    split_seed: int = option(0, "the split seed of the sweeps")
+    workers: int = option(2, "sweep worker processes (one thread each)")
+    n_boot: int = option(1000, "bootstrap resamples of the cells' intervals")
+    page_n_boot: int = option(5000, "bootstrap resamples of the page's paired differences and p (Holm over a family "
+                              "of m needs > 40 m)")
+    run: bool = option(True, "run the missing steps (false: only write the page from existing cells)")
+    store_dir: str = option("activations", "the stores: <store_dir>/<model>/<datapack>.h5 (extracted when missing)")
+    results_dir: str = option("results", "the cells: <results_dir>/<model>/<datapack>/...")
+    reports_dir: str = option("reports", "also <reports_dir>/cross_model/")
+    out_dir: str = option("docs/results/claims", "the page: <out_dir>/claims.md, claims.csv and the figures")

@@ -7,7 +7,7 @@ import importlib
 
 _WHERE = {"fit_probe": "probes.artifacts", "load_probe": "probes.artifacts", "FittedProbe": "probes.artifacts",
           "LinearProbe": "probes.linear", "MLPProbe": "probes.mlp", "MeanDiffProbe": "probes.mean_diff",
-          "SAwMILProbe": "probes.samil"}
+          "SAwMILProbe": "probes.samil", "RandomDirectionProbe": "probes.random_direction"}
 __all__ = sorted(_WHERE)
 
 
