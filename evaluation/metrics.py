@@ -217,6 +217,21 @@ def _binary_auroc(pos, score) -> float:
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def weighted_auroc(pos, score, weights) -> np.ndarray:
+    """:func:`_binary_auroc` of bool [N] `pos` by float [N] `score` under each row of float [B, N] `weights`
+    (how often each statement was drawn by a bootstrap resample): float [B], NaN where a resample has no
+    positive or no negative. Equal to the AUROC of the resample's rows, in one pass for all B."""
+    pos = np.asarray(pos, dtype=bool).ravel()
+    w = np.asarray(weights, dtype=np.float64)
+    _, tie = np.unique(np.asarray(score, dtype=np.float64).ravel(), return_inverse=True)
+    neg = np.zeros((int(tie.max()) + 1 if tie.size else 0, len(w)))
+    np.add.at(neg, tie[~pos], w[:, ~pos].T)                           # negative weight per tie group [U, B]
+    credit = (np.cumsum(neg, axis=0) - 0.5 * neg)[tie[pos]].T          # negatives below + half the tied [B, P]
+    w_pos, w_neg = w[:, pos].sum(1), w[:, ~pos].sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((w_pos > 0) & (w_neg > 0), (w[:, pos] * credit).sum(1) / (w_pos * w_neg), np.nan)
+
+
 def auroc(y_true, scores_or_probs) -> float:
     """Area under the ROC curve.
 

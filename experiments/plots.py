@@ -86,6 +86,15 @@ def line(ax, x, y, style: str, **kw) -> None:
     ax.plot(x, y, style, markersize=7 if len(x) == 1 else 3, **kw)
 
 
+def no_signal_marks(ax, x, y, flags) -> None:
+    """A cross over each point whose flag (experiments.tables.cell_flag) says no_signal: its test AUROC interval
+    covers 0.5, so the value drawn there is not evidence of a representation."""
+    marked = np.array(["no_signal" in str(f) for f in flags], dtype=bool)
+    if marked.any():
+        ax.plot(np.asarray(x, dtype=float)[marked], np.asarray(y, dtype=float)[marked], "x", color="k",
+                markersize=6, label="no signal (AUROC interval covers 0.5)")
+
+
 def interval(ax, x, lo, hi, color: str) -> None:
     """An interval [lo, hi] at each x: a band, or a bar where there is one x."""
     x, lo, hi = (np.asarray(v, dtype=float) for v in (x, lo, hi))
@@ -114,6 +123,8 @@ def metric_by_layer(table: pd.DataFrame, path: Path, title: str, metrics=("mcc",
                 for metric, style in zip(metrics, styles):
                     line(ax, x, g[metric].astype(float), style, color=c,
                          label=probe if metric == metrics[0] else "_nolegend_")
+                    if "flag" in g:
+                        no_signal_marks(ax, x, g[metric], g["flag"])
                 if f"{metrics[0]}_lo" in g:
                     interval(ax, x, g[f"{metrics[0]}_lo"], g[f"{metrics[0]}_hi"], c)
             for _, z in sub[sub["layer"].isna()].iterrows():
@@ -132,7 +143,7 @@ def metric_by_layer(table: pd.DataFrame, path: Path, title: str, metrics=("mcc",
             axes[row, 0].set_ylabel(" / ".join(LABELS.get(m, m) if len(metrics) == 1 else short(m) for m in metrics))
     legend_below(fig, axes, "outside lower center")
     band = f"; shaded: interval of {short(metrics[0])}" if f"{metrics[0]}_lo" in table else ""
-    save(fig, path, f"{title}: {', '.join(short(m) for m in metrics)} by layer{band}")
+    save(fig, path, f"{title}: {', '.join(short(m) for m in metrics)} by layer{band}; x: no signal")
 
 
 def risk_band(cell: dict, grid=COVERAGE_GRID) -> np.ndarray:
@@ -223,6 +234,8 @@ def depth_figure(tables: dict[str, pd.DataFrame], colours: dict[str, str], q3: t
                 c = colours[model]
                 line(ax, g["depth"], g["mcc"], "o-", color=c, label=f"{model}: {LABELS['mcc']}")
                 line(ax, g["depth"], g["wmcc"], "s--", color=c, label=f"{model}: {LABELS['wmcc']}")
+                for metric in ("mcc", "wmcc"):
+                    no_signal_marks(ax, g["depth"], g[metric], g["flag"])
                 interval(ax, g["depth"], g["mcc_lo"], g["mcc_hi"], c)
             ax.axvspan(*q3, color="k", alpha=0.06, linewidth=0)
             ax.grid(alpha=0.3)
@@ -233,4 +246,4 @@ def depth_figure(tables: dict[str, pd.DataFrame], colours: dict[str, str], q3: t
                 depth_axis(ax)
     legend_below(fig, axes, "outside lower center")
     save(fig, path, f"{title}: test MCC (solid, shaded: 95 % interval) and W-MCC (dashed) by relative depth; "
-                    "third quarter of depth shaded grey")
+                    "third quarter of depth shaded grey; x: no signal (AUROC interval covers 0.5)")

@@ -17,12 +17,14 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from evaluation.cell_metrics import cell_auroc_interval, no_signal
 from evaluation.cells import CellError, cell_path, read_cell, remove_stale_temps
 from evaluation.selective import holm
 from extract.disk import fsync_path
 from extract.errors import ToolkitError, check_name
 
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
+NO_SIGNAL = "no_signal"   # cell_flag's word for a cell whose test AUROC interval covers 0.5
 ALPHA = 0.05   # every table's significance level: a test is significant when its (raw or Holm) p < ALPHA
 
 
@@ -120,10 +122,14 @@ def _non_finite(value, key: str = "") -> str | None:
 
 
 def cell_flag(cell: dict) -> str:
-    """Why a cell's numbers are not a fitted probe's: its `degenerate_reasons` joined by ";" (e.g.
+    """Why a cell's numbers are not a fitted probe's, or are no evidence: its `degenerate_reasons` (e.g.
     "single_label_accepted;C_at_grid_edge:upper"), "degenerate" for a degenerate cell that records no
-    reasons, "" for a healthy one."""
-    return ";".join(cell.get("degenerate_reasons") or (["degenerate"] if cell.get("degenerate") else []))
+    reasons, then "no_signal" where its test AUROC interval covers 0.5 (evaluation.cell_metrics.no_signal:
+    its MCC on accepted rows is not read as a finding), joined by ";"; "" for a healthy one."""
+    reasons = list(cell.get("degenerate_reasons") or (["degenerate"] if cell.get("degenerate") else []))
+    if "metrics" in cell and "test" in cell and no_signal(cell_auroc_interval(cell)):
+        reasons.append(NO_SIGNAL)
+    return ";".join(reasons)
 
 
 def with_holm(table: pd.DataFrame, prefix: str, by: list[str]) -> pd.DataFrame:
@@ -198,7 +204,8 @@ def best_layers(table: pd.DataFrame) -> pd.DataFrame:
 def cell_of(cells: pd.DataFrame, row: pd.Series) -> dict:
     """The first seed's cell of a (probe, task, split, layer) row."""
     keys = ["probe", "task", "split", "layer"]
-    match = cells[(cells[keys[:3]] == row[keys[:3]]).all(axis=1) & (cells["layer"] == row["layer"])]
+    same_layer = cells["layer"].isna() if pd.isna(row["layer"]) else (cells["layer"] == row["layer"]).fillna(False)
+    match = cells[(cells[keys[:3]] == row[keys[:3]]).all(axis=1) & same_layer]
     return report_cell(Path(match.sort_values("seed")["path"].iloc[0]))
 
 

@@ -33,10 +33,9 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from apply_probe import apply_to_store, transfer_path
-from evaluation.cell_metrics import raw_auroc
+from evaluation.cell_metrics import cell_auroc_interval
 from evaluation.cells import CellError
 from evaluation.provenance import host, page_stamp, provenance
-from evaluation.selective import paired_bootstrap
 from experiments.plots import LABELS, save, subplots, words
 from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
@@ -57,21 +56,6 @@ def best_cells(results_dir, model: str, datapack: str, split: str) -> pd.DataFra
     best = best_layers(layer_table(cells))
     first = cells.sort_values("seed").drop_duplicates(KEYS)[KEYS + ["path"]]
     return best[best["split"] == split][KEYS].merge(first, on=KEYS)
-
-
-def auroc_interval(cell: dict) -> list[float]:
-    """Bootstrap 95 % interval [lo, hi] of a cell's test AUROC from its raw scores (evaluation.cell_metrics.
-    raw_auroc), resampled as the cell's other intervals were (its n_boot and seed; whole groups when
-    they were cluster-bootstrapped)."""
-    test, m = cell["test"], cell["metrics"]
-    y, scores = np.asarray(test["y"]), np.asarray(test["scores"], dtype=np.float64)
-    groups = np.asarray(test["groups"]) if m.get("bootstrap") == "cluster" else None
-
-    def auroc(rows):
-        value = raw_auroc(y[rows], scores[rows])
-        return np.nan if value is None else value
-
-    return paired_bootstrap(auroc, y.size, groups=groups, n_boot=m["n_boot"], seed=m["seed"])["ci"]  # one statistic
 
 
 def transfer_table(results_dir, model: str, datapacks=TRILEMMA, tasks=TRANSFER_TASKS, split: str = "entity_disjoint",
@@ -101,7 +85,7 @@ def transfer_table(results_dir, model: str, datapacks=TRILEMMA, tasks=TRANSFER_T
                              "mcc_hi": m["mcc_ci"][1], "wmcc": m["wmcc"], "wmcc_lo": m["wmcc_ci"][0],
                              "wmcc_hi": m["wmcc_ci"][1], "acceptance": m["acceptance"], "n": m["n"],
                              "auroc": np.nan if auroc is None else auroc,
-                             **dict(zip(("auroc_lo", "auroc_hi"), auroc_interval(cell))),
+                             **dict(zip(("auroc_lo", "auroc_hi"), cell_auroc_interval(cell))),
                              "single_label": bool(m.get("single_label_accepted", False)),
                              "flag": cell_flag(probe_cell), "path": str(path)})
     return pd.DataFrame(rows, columns=COLUMNS)

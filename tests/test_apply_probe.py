@@ -269,6 +269,7 @@ def test_transfer_matrix_shows_auroc_and_single_label_cells(dirs, tmp_path):
     the probe's flag; a single-label cell says so in the markdown instead of reading as "no signal"."""
     from evaluation.cell_metrics import raw_auroc
     from evaluation.selective import cluster_bootstrap_indices
+    from experiments.tables import cell_flag
     from experiments.transfer import _markdown, write_transfer
 
     root, _ = dirs
@@ -291,7 +292,7 @@ def test_transfer_matrix_shows_auroc_and_single_label_cells(dirs, tmp_path):
         assert [r.auroc_lo, r.auroc_hi] == pytest.approx(np.percentile(draws, [2.5, 97.5]).tolist())
         assert r.single_label == m["single_label_accepted"]
         probe_cell = read_cell(Path(table[(table["train"] == r.train) & (table["eval"] == r.train)]["path"].iloc[0]))
-        assert (r.flag if isinstance(r.flag, str) else "") == ";".join(probe_cell.get("degenerate_reasons") or [])
+        assert (r.flag if isinstance(r.flag, str) else "") == cell_flag(probe_cell)
     one_label = table.assign(single_label=[True, False, False, False], mcc=[0.0, *table["mcc"][1:]])
     md = _markdown(one_label, ["cities_a", "cities_b"])
     assert md.count("(one label)") == 1 and "AUROC" in md and "absence of signal" in md
