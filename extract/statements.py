@@ -66,6 +66,14 @@ class StatementsError(ToolkitError):
     """Bad statement input; the message is one line naming file, row and column."""
 
 
+def datapack_table(data) -> pd.DataFrame:
+    """load_statements of a `data:` config (conf/data/*.yaml as a DictConfig or dict): the datapack's table, the
+    rows an extraction of it stores, in the same order."""
+    return load_statements(data.get("name"), source=data.get("source", "csv"), path=data.get("path"),
+                           statement_column=data.get("statement_column", "statement"),
+                           label_column=data.get("label_column"))
+
+
 def load_statements(datapack: str = "city_locations", source: str = "csv", path: str | None = None,
                     statement_column: str = "statement", label_column: str | None = None,
                     data_dir: str | Path = DATA_DIR) -> pd.DataFrame:

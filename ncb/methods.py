@@ -32,14 +32,14 @@ from evaluation.tasks import task_targets
 from extract.errors import ToolkitError, check_name
 from extract.models import load_model
 from extract.scorer import Checkpoint, score
-from extract.statements import TRILEMMA
+from extract.statements import TRILEMMA, datapack_table
 from extract.store import KIND_STATEMENT, ActivationStore, check_same_model, store_path, store_summary
 from ncb.stores import extract_inputs, input_store_name
 from probes.artifacts import load_probe
 from probes.features import layer_features
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
 from zero_shot.run import load_scores, task_view
-from zero_shot.scoring import PromptScorer, compute_scores, load_table, scores_path
+from zero_shot.scoring import PromptScorer, compute_scores, scores_path
 
 log = logging.getLogger(__name__)
 QUESTION = "Question: Is the following statement correct? "
@@ -164,7 +164,7 @@ def zero_shot_config(cfg: DictConfig, rows: str) -> DictConfig:
 
 def zero_shot_method(cfg: DictConfig, out_dir: Path) -> Method:
     """Zero-shot class probabilities of the datapack (clean score file) and of the stress prompts."""
-    table = load_table(cfg)
+    table = datapack_table(cfg.data)
     require_entities(table, cfg.data.name)
     enum = get_enumeration(cfg.zero_shot.enumeration)
     task = str(cfg.zero_shot.task)

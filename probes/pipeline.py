@@ -28,12 +28,13 @@ from evaluation.metrics import mcc, plain_prediction, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
-from extract.statements import FALSE, NEITHER, TRUE
+from extract.statements import FALSE, NEITHER, TRUE, datapack_table
 from extract.store import ActivationStore, select_layers, store_path, store_summary
 from ncb.augment import Augmentation, augmentation
 from probes.artifacts import build_probe, calibrated_heads
 from probes.saved_pair import write_probe_cell
-from probes.base import Probe, check_choice
+from probes.base import Probe, ProbeError, check_choice
+from probes.controls import FEATURES, shuffled_positions, surprisal_features, text_features
 from probes.features import Features, layer_features
 from probes.fitting import CALIBRATIONS, HeadBank
 from probes.schema import validate
@@ -49,8 +50,10 @@ def train_probes(cfg: DictConfig) -> list[Path]:
     template = make_probe(cfg)  # bad probe options fail here, even if every cell exists
     method_name(cfg)            # so do bad calibration / conformal choices
     tasks = task_names(cfg)
-    store = ActivationStore(store_path(cfg.store_dir, cfg.model.name, cfg.data.name))
-    layers = select_layers(cfg.layer, store.n_layers, store.layers, option="layer")
+    kind = feature_kind(cfg, template)
+    path = store_path(cfg.store_dir, cfg.model.name, cfg.data.name)
+    store = ActivationStore(path) if kind == "activations" else None
+    layers = [None] if store is None else select_layers(cfg.layer, store.n_layers, store.layers, option="layer")
     paths = {(t, k): probe_cell_path(cfg, k, t) for k in layers for t in tasks}
     todo = {k: [t for t in tasks if cfg.overwrite or not paths[t, k].exists()] for k in layers}
     todo = {k: ts for k, ts in todo.items() if ts}
@@ -58,17 +61,21 @@ def train_probes(cfg: DictConfig) -> list[Path]:
     if n_todo < len(paths):
         log.info("%d of %d cells exist already (overwrite=true recomputes them)", len(paths) - n_todo, len(paths))
     if todo:
-        table = store.table
+        # a control reads the store's statements where one exists (the probes' rows, split and test rows), else
+        # the datapack's own
+        rows_of = store if store is not None else ActivationStore(path) if path.exists() else None
+        table = datapack_table(cfg.data) if rows_of is None else rows_of.table
         labels = table["label"].to_numpy()
         targets = {t: task_targets(labels, t) for t in tasks}   # every task checked before any fit
-        split = split_of(store, cfg.split)
+        split = make_split(table, **cfg.split) if rows_of is None else split_of(rows_of, cfg.split)
+        controls = control_features(cfg, kind, table, split)
         groups = entity_groups(table)
         augment = None if cfg.get("augment") is None else augmentation(
             OmegaConf.to_container(cfg.augment, resolve=True), table, split,
             OmegaConf.to_container(cfg.model, resolve=True), str(cfg.store_dir), int(cfg.seed), bool(cfg.overwrite))
         desc = f"{cfg.probe.name} {tasks[0] if len(tasks) == 1 else f'{len(tasks)} tasks'}"
         for k in tqdm(todo, desc=desc, unit="layer"):
-            features = layer_features(store, k, template.representation, template.tokens)
+            features = controls if store is None else layer_features(store, k, template.representation, template.tokens)
             features.groups = groups
             copies, note = np.zeros(0, dtype=np.int64), None   # copies: the clean row of each augmented row
             if augment is not None:
@@ -82,19 +89,63 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                 key = rows.tobytes()
                 if key not in banks:
                     bank_rows, parts, copied = training_rows(rows, split, copies, len(labels))
-                    banks[key] = (HeadBank(template, features.subset(bank_rows), all_labels[bank_rows], parts["train"],
-                                           _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)), parts, copied)
-                bank, parts, copied = banks[key]
+                    order = np.arange(len(bank_rows))       # label order: the training part permuted for a null
+                    if cfg.shuffle_labels:
+                        order[parts["train"]] = shuffled_positions(parts["train"], int(cfg.seed))
+                    banks[key] = (HeadBank(template, features.subset(bank_rows), all_labels[bank_rows][order],
+                                           parts["train"], _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)),
+                                  parts, copied, order)
+                bank, parts, copied, order = banks[key]
                 with trainer_logging(cfg.trainer.logger, fits_log):
-                    cell, heads = task_cell(cfg, t, bank, np.concatenate([y, y[copied]]), parts, head_classes(t), k,
-                                            split.summary(), store_summary(store))
+                    cell, heads = task_cell(cfg, t, bank, np.concatenate([y, y[copied]])[order], parts,
+                                            head_classes(t), k, split.summary(),
+                                            feature_summary(cfg, kind, features) if store is None else
+                                            store_summary(store))
                 cell["metrics"].update(datapack_metrics(cfg.data.name, t, table, rows[parts["test"]],
                                                         cell["test"]["probs"], cfg.seed, cfg.n_boot))
+                if kind != "activations" or cfg.shuffle_labels:
+                    cell["method"].update(features=kind, shuffle_labels=bool(cfg.shuffle_labels))
                 if augment is not None:
                     cell["method"]["augment"] = augment.kind
                     cell["augment"] = {**note, "n_training_inputs": int(len(copied))}
                 write_probe_cell(paths[t, k], cell, heads)
     return [paths[t, k] for k in layers for t in tasks]
+
+
+def feature_kind(cfg: DictConfig, template: Probe) -> str:
+    """The run's `features` (probes.controls.FEATURES), refused in one line where it cannot be combined: the
+    controls' features are one vector per statement (no token bags), no augmentation."""
+    kind = check_choice("features", cfg.features, FEATURES)
+    if kind != "activations" and template.representation == "bags":
+        raise ProbeError(f"features={kind} gives one vector per statement, which probe={cfg.probe.name} cannot read "
+                         "(it reads token bags): use probe=linear, mlp, mean_diff or random_direction")
+    if kind != "activations" and cfg.get("augment") is not None:
+        raise ProbeError(f"features={kind} with augment={cfg.augment.kind}: augmentation adds activations of "
+                         "contexts; drop one of the two")
+    if cfg.shuffle_labels and cfg.get("augment") is not None:
+        raise ProbeError("shuffle_labels=true with augment: the null is defined for the plain training set")
+    return kind
+
+
+def control_features(cfg: DictConfig, kind: str, table: pd.DataFrame, split) -> Features | None:
+    """The statements' features of a control (probes.controls), None for activations (read per layer)."""
+    statements = table["statement"].tolist()
+    if kind == "text":
+        features = text_features(statements, split.train)
+    elif kind == "surprisal":
+        features = surprisal_features(cfg.model, statements,
+                                      Path(cfg.results_dir, cfg.model.name, cfg.data.name, "surprisal"),
+                                      overwrite=bool(cfg.overwrite))
+    else:
+        return None
+    features.groups = entity_groups(table)
+    return features
+
+
+def feature_summary(cfg: DictConfig, kind: str, features: Features) -> dict:
+    """A control cell's `store` block: what its features were (no store was read)."""
+    return {"features": kind, "hidden_size": int(features.X.shape[1]), "n_layers": None,
+            "model_label": None if kind == "text" else cfg.model.name}
 
 
 def augmented_features(augment: Augmentation, store: ActivationStore, split, layer: int, template: Probe,
@@ -153,7 +204,9 @@ def method_name(cfg: DictConfig) -> str:
     """The cells' folder (evaluation.cells.method_name): the probe name, +structure_aware / +neutral for an
     augmented fit, +out_of_fold / +in_sample / +reference for the non-default calibration / conformal
     procedures."""
-    base = cfg.probe.name if cfg.get("augment") is None else f"{cfg.probe.name}+{cfg.augment.kind}"
+    base = cfg.probe.name if cfg.get("features", "activations") == "activations" else f"{cfg.probe.name}+{cfg.features}"
+    base = base if cfg.get("augment") is None else f"{base}+{cfg.augment.kind}"
+    base = f"{base}+shuffled" if cfg.get("shuffle_labels") else base
     return cells.method_name(base, check_choice("calibration", cfg.calibration, CALIBRATIONS),
                              check_procedure(cfg.conformal.name, cfg.mondrian))
 

@@ -71,6 +71,11 @@ class TrainProbeSchema:
     store_dir: str = option("activations", "the stores read: <store_dir>/<model.name>/<data.name>.h5")
     results_dir: str = option("results", "result cells: <results_dir>/<model>/<datapack>/<method>/<task>/...")
     overwrite: bool = option(False, "recompute cells that exist")
+    features: str = option("activations", "activations (the store's layers) | text (TF-IDF of the statement, no "
+                           "model) | surprisal (the model's mean / max NLL of the statement): the controls, cells under "
+                           "<probe>+text / +surprisal at layer=none")
+    shuffle_labels: bool = option(False, "true: the training labels permuted (by seed) before fitting: the null "
+                                  "floor, cells under <probe>+shuffled")
     threads: Any = threads_option()
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     augment: Optional[AugmentSchema] = option(None, "augment=structure_aware | neutral (a config group)")

@@ -79,20 +79,23 @@ def comparable(path: Path) -> dict:
 def make_synthetic_store(store_dir: Path, n_real: int = 900, n_neither: int = 400, seed: int = 0, *,
                          model: str = "synthetic", layers: Sequence[int] = (0, 1), n_layers: int = 1,
                          strength: Callable[[int], float] = lambda k: 5.0 * k, dim: int = 24,
-                         max_length: int = 10) -> Path:
-    """A store for `model` (`n_layers` deep), datapack city_locations: real statements and entities
-    (the first `n_real` rows and the last `n_neither`), random token vectors (4 to max_length - 1
-    tokens); at each stored layer k the last two statement tokens carry their class's direction (axis
-    0, 1 or 2) with strength `strength(k)`. By default layer 1 has strength 5, layer 0 is pure noise."""
-    table = load_statements("city_locations")
-    table = table.iloc[np.r_[0:n_real, len(table) - n_neither:len(table)]].reset_index(drop=True)
+                         max_length: int = 10, table: pd.DataFrame | None = None,
+                         datapack: str = "city_locations") -> Path:
+    """A store for `model` (`n_layers` deep), datapack `datapack`: the statements of `table`, by default real
+    city_locations statements and entities (the first `n_real` rows and the last `n_neither`), random token
+    vectors (4 to max_length - 1 tokens); at each stored layer k the last two statement tokens carry their
+    class's direction (axis 0, 1 or 2) with strength `strength(k)`. By default layer 1 has strength 5, layer 0
+    is pure noise."""
+    if table is None:
+        table = load_statements("city_locations")
+        table = table.iloc[np.r_[0:n_real, len(table) - n_neither:len(table)]].reset_index(drop=True)
     rng = np.random.default_rng(seed)
     lengths = rng.integers(4, max_length, size=len(table))
     ids = [rng.integers(10, 500, size=n) for n in lengths]
     kinds = [np.r_[KIND_SPECIAL, np.full(n - 1, KIND_STATEMENT)].astype(np.int8) for n in lengths]
-    path = store_dir / model / "city_locations.h5"
+    path = store_dir / model / f"{datapack}.h5"
     create_store(path, table, ids, kinds, list(layers), dim, "float32",
-                 {"model_id": model, "model_fingerprint": "0", "n_layers": n_layers, "datapack": "city_locations"})
+                 {"model_id": model, "model_fingerprint": "0", "n_layers": n_layers, "datapack": datapack})
     ends = np.cumsum(lengths)
     with h5py.File(path, "r+") as f:
         for k in layers:

@@ -54,9 +54,9 @@ from evaluation.metrics import ABSTAIN, evaluate, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_count
-from extract.statements import DATA_DIR, FALSE, NEITHER, TRUE
+from extract.statements import DATA_DIR, FALSE, NEITHER, TRUE, datapack_table
 from zero_shot.schema import validate
-from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores, load_table
+from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def run(cfg: DictConfig) -> list[Path]:
     if cfg.get("evaluate", True) and not cfg.overwrite and all(p.exists() for p in existing):
         log.info("all %d cells exist (overwrite=true recomputes them)", len(existing))
         return existing
-    table = load_table(cfg)
+    table = datapack_table(cfg.data)
     if cfg.get("scores"):
         files = resolve_score_files(cfg.scores, table)
         scores = load_scores(files, table)

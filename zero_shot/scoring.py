@@ -45,7 +45,7 @@ from evaluation.splits import make_split
 from extract.errors import ToolkitError, check_count, check_name
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score
-from extract.statements import load_statements
+from extract.statements import datapack_table
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,6 @@ N_COLUMNS = 7
 
 class ZeroShotError(ToolkitError):
     """Bad input or settings; the message is one line naming the fix."""
-
-
-def load_table(cfg: DictConfig):
-    data = cfg.data
-    return load_statements(data.name, source=data.get("source", "csv"), path=data.get("path"),
-                           statement_column=data.get("statement_column", "statement"),
-                           label_column=data.get("label_column"))
 
 
 def scored_rows(cfg: DictConfig, table) -> tuple[np.ndarray, str]:
@@ -175,7 +168,7 @@ def compute_scores(cfg: DictConfig, on_batch=None) -> Path:
     if cfg.batch_size < 1 or cfg.save_every < 1:
         raise ZeroShotError("batch_size and save_every must be >= 1")
     enum = get_enumeration(cfg.enumeration)
-    table = load_table(cfg)
+    table = datapack_table(cfg.data)
     rows, suffix = scored_rows(cfg, table)
     final = scores_path(cfg, suffix)
     meta_path = final.with_suffix(".json")
