@@ -51,21 +51,51 @@ def coverage_markdown(study: dict, stamp: str, figures: list[str]) -> list[str]:
             *(f"![{f}]({f})\n" for f in figures)]
 
 
+def _control_markdown(versus: pd.DataFrame | None, verdicts: pd.DataFrame | None) -> list[str]:
+    """Claim (b)'s verdict lines and its probe-against-control table (empty without control cells)."""
+    if versus is None or versus.empty:
+        return ["No control cells (linear+text, linear+surprisal) were found: claim (b) has no control yet.", ""]
+    text = [("Controls: `linear+text` (TF-IDF of word 1-2-grams and character 2-4-grams of the statement, logistic "
+             "regression, C by grouped CV; no model) and `linear+surprisal` (the model's mean and max negative "
+             "log-likelihood of the statement's tokens, logistic regression), fitted on the same split and scored "
+             "on the same test rows as the probes. Each probe at its best calibration layer minus each control: "
+             f"{ESTIMANDS['mcc_all']} on neither_vs_all, and the multiclass recall of neither; paired cluster-"
+             "bootstrap 95 % intervals, p raw / Holm over the whole family of that difference; verdict after Holm."),
+            ""]
+    for _, v in (verdicts if verdicts is not None else pd.DataFrame()).iterrows():
+        beyond = f" (probes beyond every control: {v['probes_beyond']})" if v["probes_beyond"] else ""
+        text.append(f"- **{v['model']} / {v['datapack']}**: {v['verdict']}{beyond}.")
+    lines = [[r["model"], r["datapack"], r["probe"], r["control"],
+              _ci(r, "delta_mcc_all", signed=True, layer="neither_vs_all_layer"), p_text(r, "delta_mcc_all"),
+              r.get("verdict_delta_mcc_all", "-"),
+              _ci(r, "delta_recall", signed=True, layer="multiclass_layer"), p_text(r, "delta_recall"),
+              r.get("verdict_delta_recall", "-")] for _, r in versus.iterrows()]
+    return [*text, "", _table(["model", "datapack", "probe", "control", "neither_vs_all MCC difference (probe layer)",
+                               "p / Holm", "verdict", "neither recall difference (probe layer)", "p / Holm",
+                               "verdict"], lines)]
+
+
 def _model_label(cells: pd.DataFrame) -> str | None:
     """The model's label (name, quantisation) as the first cell's store block records it (None in older cells)."""
     return json.loads(Path(cells["path"].iloc[0]).read_text()).get("store", {}).get("model_label")
 
 
 def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.DataFrame, samil: pd.DataFrame,
-                    samil_counts: pd.DataFrame, head: list[str] = ()) -> str:
-    """claims.md: `head` (coverage_markdown), then one section per claim, summary lines first, then a table."""
+                    samil_counts: pd.DataFrame, head: list[str] = (), versus: pd.DataFrame | None = None,
+                    verdicts: pd.DataFrame | None = None) -> str:
+    """claims.md: `head` (coverage_markdown), then one section per claim, summary lines first, then a table;
+    claim (b) with its controls (`versus`, `verdicts`: experiments.cross_model.control_claims / neither_verdicts)."""
     text = [*head, "## (a) Does the signal concentrate in the third quarter of depth?", "",
             ("Best layer chosen on the calibration split; test MCC on accepted rows (conformal, abstentions "
              "excluded) with cluster-bootstrap 95 % intervals at each depth quarter's best layer (Q1 [0, .25], Q2 "
              "(.25, .5], Q3 (.5, .75], Q4 (.75, 1] of layer / L); Q3 - rest: paired difference of that MCC, Q3's "
              "best layer - the best layer outside Q3, with its two-sided bootstrap p raw / Holm-adjusted over the "
              f"family of all the model's (datapack, probe, task) Q3-vs-rest comparisons; significant = p < {ALPHA}. "
-             "Only probes swept at every stored layer enter the claim; the others are listed, not counted."), ""]
+             "Only probes swept at every stored layer enter the claim; the others are listed, not counted. Floors: "
+             "random_direction is swept as a probe; `first layer` is the MCC at the first stored layer; `shuffled` is "
+             "the probe refitted on permuted training labels at its best layer (mean [min, max] over the "
+             "permutations, how many in brackets). flag `no_signal`: the test AUROC interval covers 0.5, so the MCC "
+             "on accepted rows there is no evidence."), ""]
     for _, s in summary.iterrows():
         text.append(f"- **{s['model']}**: the best layer lies in Q3 in {s['n_peak_in_q3']} of {s['n_combinations']} "
                     f"(datapack, probe, task) combinations swept at every stored layer; Q3's best layer against the "
@@ -78,20 +108,26 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
     for _, r in depth.iterrows():
         quarters = [_ci(r, f"q{q}_mcc", layer=f"q{q}_layer") for q in range(1, 5)]
         peak = ("yes" if r["peak_in_q3"] else "no") if r["full_sweep"] else "not swept"
+        shuffled = "-" if not r.get("n_permutations") else f"{_ci(r, 'shuffled_mcc', signed=True)} ({r['n_permutations']})"
         lines.append([r["model"], r["datapack"], r["probe"], r["task"], f"{r['layers_swept']} of {r['n_stored_layers']}",
                       f"{r['layer']} ({r['depth']:.2f}, Q{r['quarter']})", *quarters, peak,
-                      _ci(r, "q3_vs_rest_mcc", signed=True), p_text(r, "q3_vs_rest_mcc"), _flag(r["flag"])])
+                      _ci(r, "q3_vs_rest_mcc", signed=True), p_text(r, "q3_vs_rest_mcc"),
+                      f"{r['first_layer_mcc']:.3f} L{r['first_layer']}", shuffled, _flag(r["flag"])])
     text += ["", _table(["model", "datapack", "probe", "task", "layers swept", "best layer (depth, quarter)", "Q1 MCC",
-                         "Q2 MCC", "Q3 MCC", "Q4 MCC", "peak in Q3", "Q3 - rest MCC", "p / Holm", "flag"], lines)]
+                         "Q2 MCC", "Q3 MCC", "Q4 MCC", "peak in Q3", "Q3 - rest MCC", "p / Holm", "first layer MCC",
+                         "shuffled MCC (permutations)", "flag"], lines)]
 
     text += ["## (b) Is \"neither\" separable as its own class rather than as false?", "",
              ("Multiclass probe at its best calibration layer, test statements labelled neither: recall, share "
              "abstained on, and of those predicted a real class the share predicted false / true (cluster-bootstrap "
              "95 % intervals); neither_vs_all test MCC (accepted rows) at its own best layer."), ""]
-    lines = [[r["model"], r["datapack"], r["probe"], f"{r['layer']} ({r['depth']:.2f})", _ci(r, "neither_recall"),
+    text += _control_markdown(versus, verdicts)
+    lines = [[r["model"], r["datapack"], r["probe"] + (" (control)" if r.get("control") is True else ""),
+              "-" if pd.isna(r["layer"]) else f"{int(r['layer'])} ({r['depth']:.2f})", _ci(r, "neither_recall"),
               _ci(r, "neither_abstained"), _ci(r, "misclassified_as_false"), _ci(r, "misclassified_as_true"),
               f"{r['n_neither']} ({r['n_as_false']} / {r['n_as_true']} / {r['n_abstained']})",
-              _ci(r, "neither_vs_all_mcc", layer="neither_vs_all_layer"), _flag(r["flag"])]
+              _ci(r, "neither_vs_all_mcc", layer=None if pd.isna(r.get("neither_vs_all_layer")) else
+                  "neither_vs_all_layer"), _flag(r["flag"])]
              for _, r in neither.iterrows()]
     text += [_table(["model", "datapack", "probe", "multiclass layer (depth)", "neither recall", "abstained",
                      "misclassified: false", "misclassified: true", "n neither (as false / true / abstained)",

@@ -29,9 +29,16 @@ two-sided bootstrap p (`<difference>_p_raw`), Holm-adjusted over the claim's fam
                   Q3 and in how many Q3's best layer is significantly better / worse than the best layer
                   outside Q3 (raw and Holm over all the model's Q3-vs-rest comparisons), and which
                   combinations were excluded
-    (b) neither   per (model, datapack, probe): the multiclass cell at its best layer: recall of "neither",
-                  the share of neither statements abstained on, and of those misclassified the share
-                  predicted false / true; neither_vs_all MCC at its best layer
+                  beside each row its floors: the first stored layer's MCC, and the probe refitted on shuffled
+                  training labels at its best layer (`<probe>+shuffled`, mean / min / max over the permutations)
+    (b) neither   per (model, datapack, probe and control): the multiclass cell at its best layer: recall of
+                  "neither", the share of neither statements abstained on, and of those misclassified the share
+                  predicted false / true; neither_vs_all MCC at its best layer. The controls (FEATURE_CONTROLS:
+                  linear+text, TF-IDF of the statement and no model; linear+surprisal, the model's mean / max NLL)
+                  against each probe on the same test rows (`b_control`): neither_vs_all MCC without abstention
+                  and multiclass neither recall, probe - control, Holm over the whole family of each difference;
+                  `b_verdict` per (model, datapack): "separable beyond lexical novelty" when some probe beats every
+                  control significantly, else "not distinguishable from lexical novelty on this datapack"
     (c) samil     per (model, datapack, task): samil - linear / mlp / mean_diff, each at its best layer:
                   differences of MCC on accepted rows, W-MCC and MCC without abstention, and a verdict per
                   metric, raw and Holm over all the model's (datapack, task, rival) comparisons of that
@@ -52,10 +59,10 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.cells import CellError
-from evaluation.metrics import ABSTAIN
 from evaluation.provenance import host, page_stamp, provenance
-from evaluation.selective import paired_bootstrap
 from experiments import plots
+from experiments.claims_neither import (best_row, control_claims, control_verdicts, interval_of, neither_claims,
+                                       neither_verdicts)
 from experiments.claims_page import C_METRICS, claims_markdown, coverage_markdown
 from experiments.compare import compare_cells
 from experiments.tables import (best_layers, cell_of, holm_resolution_warning, layer_table, load_cells, publish,
@@ -63,11 +70,11 @@ from experiments.tables import (best_layers, cell_of, holm_resolution_warning, l
 from extract.errors import check_count, check_name
 from extract.entry import entry_main
 from extract.schema import check_writable, typed_options
-from extract.statements import FALSE, NEITHER, TRUE
 
 log = logging.getLogger(__name__)
 QUARTER_EDGES = (0.25, 0.5, 0.75)
 SINGLE_INSTANCE = ("linear", "mlp", "mean_diff")
+CONTROLS = ("text", "surprisal", "shuffled")   # controls with their own cells (random_direction is swept as a probe)
 
 
 def depth_quarter(depth) -> np.ndarray:
@@ -75,10 +82,17 @@ def depth_quarter(depth) -> np.ndarray:
     return np.searchsorted(QUARTER_EDGES, np.asarray(depth, dtype=float), side="left") + 1
 
 
+def control_of(method: str) -> str | None:
+    """The control a method's cells are (CONTROLS: "text", "surprisal" or "shuffled", from the method suffix
+    probes.pipeline.method_name gives them), None for a probe (random_direction is swept as a probe)."""
+    suffixes = method.split("+")[1:]
+    return next((c for c in CONTROLS if c in suffixes), None)
+
+
 def load_study(results_dir: Path, models: list[str], datapacks: list[str],
                split: str = "entity_disjoint") -> dict[tuple[str, str], tuple[pd.DataFrame, pd.DataFrame]]:
-    """{(model, datapack): (cells, layer table)} of the probes' cells of `split` (methods without a layer
-    left out); the table gains `depth` (layer / n_layers), `quarter`, and per (probe, task) `layers_swept`,
+    """{(model, datapack): (cells, layer table)} of the cells of `split`: the probes' (methods without a layer
+    left out) and the controls' (control_of; kept in `cells`, out of the table); the table gains `depth` (layer / n_layers), `quarter`, and per (probe, task) `layers_swept`,
     `n_stored_layers` and `full_sweep` (swept at every stored layer, see `stored_layers`). Missing ones
     are logged and skipped."""
     study = {}
@@ -89,17 +103,20 @@ def load_study(results_dir: Path, models: list[str], datapacks: list[str],
                 log.info("no cells for %s / %s under %s: skipped", model, datapack, root)
                 continue
             cells = load_cells(results_dir, model, datapack)
-            cells = cells[(cells["split"] == split) & cells["layer"].notna()].reset_index(drop=True)
-            if cells.empty:
+            cells = cells[cells["split"] == split].reset_index(drop=True)
+            controls = cells["probe"].map(control_of).notna()
+            cells = cells[controls | cells["layer"].notna()].reset_index(drop=True)
+            probes = cells[cells["probe"].map(control_of).isna()]
+            if probes.empty:
                 log.info("no %s probe cells for %s / %s: skipped", split, model, datapack)
                 continue
-            if cells["n_layers"].isna().any():
+            if probes["n_layers"].isna().any():
                 raise CellError(f"cells under {root} record no store.n_layers, so their relative depth is unknown: "
                                 "rerun `python -m train_probe` on them with overwrite=true")
-            table = layer_table(cells)
+            table = layer_table(probes)
             table["depth"] = table["layer"].astype(float) / table["n_layers"].astype(float)
             table["quarter"] = depth_quarter(table["depth"])
-            stored = stored_layers(cells)
+            stored = stored_layers(probes)
             layers = table.groupby(["probe", "task"])["layer"]
             table["layers_swept"] = layers.transform("nunique")
             table["n_stored_layers"] = len(stored)
@@ -118,44 +135,49 @@ def stored_layers(cells: pd.DataFrame) -> set[int]:
     return set().union(*recorded) if recorded else set(cells["layer"].dropna().astype(int))
 
 
-def _best(table: pd.DataFrame) -> pd.Series:
-    """The one (probe, task) table's row with the best calibration MCC."""
-    return best_layers(table).iloc[0]
-
-
-def _interval(prefix: str, value: float, ci) -> dict:
-    return {prefix: value, f"{prefix}_lo": ci[0], f"{prefix}_hi": ci[1]}
-
-
 def depth_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataFrame, n_boot: int) -> list[dict]:
     """Claim (a) rows of one (model, datapack), one per (probe, task); see the module docstring."""
     rows = []
     for (probe, task), g in table.groupby(["probe", "task"]):
-        best = _best(g)
+        best = best_row(g)
         row = {"claim": "a", "model": model, "datapack": datapack, "probe": probe, "task": task,
                "n_layers": int(best["n_layers"]), "layers_swept": int(best["layers_swept"]),
                "n_stored_layers": int(best["n_stored_layers"]), "full_sweep": bool(best["full_sweep"]),
                "layer": int(best["layer"]), "depth": best["depth"], "quarter": int(best["quarter"]),
                "peak_in_q3": bool(best["quarter"] == 3), "flag": best["flag"],
-               **_interval("mcc", best["mcc"], (best["mcc_lo"], best["mcc_hi"])),
-               **_interval("q3_vs_rest_mcc", np.nan, (np.nan, np.nan)), "q3_vs_rest_mcc_p_raw": np.nan}
+               **interval_of("mcc", best["mcc"], (best["mcc_lo"], best["mcc_hi"])),
+               **interval_of("q3_vs_rest_mcc", np.nan, (np.nan, np.nan)), "q3_vs_rest_mcc_p_raw": np.nan,
+               **floors(cells, g, probe, task, int(best["layer"]))}
         for q in range(1, 5):
             inside = g[g["quarter"] == q]
             if len(inside):
-                b = _best(inside)
+                b = best_row(inside)
                 row.update({f"q{q}_layer": int(b["layer"]),
-                            **_interval(f"q{q}_mcc", b["mcc"], (b["mcc_lo"], b["mcc_hi"]))})
+                            **interval_of(f"q{q}_mcc", b["mcc"], (b["mcc_lo"], b["mcc_hi"]))})
         inside, outside = g[g["quarter"] == 3], g[g["quarter"] != 3]
         if not best["full_sweep"]:
             log.info("%s / %s / %s / %s: swept at %d of %d stored layers, left out of claim (a)", model, datapack,
                      probe, task, best["layers_swept"], best["n_stored_layers"])
         elif len(inside) and len(outside):
-            q3, rest = _best(inside), _best(outside)
+            q3, rest = best_row(inside), best_row(outside)
             result = compare_cells(cell_of(cells, q3), cell_of(cells, rest), n_boot=n_boot)["mcc"]
             row.update(outside_layer=int(rest["layer"]), q3_vs_rest_mcc_p_raw=result["p_value"],
-                       **_interval("q3_vs_rest_mcc", result["diff"], result["ci"]))
+                       **interval_of("q3_vs_rest_mcc", result["diff"], result["ci"]))
         rows.append(row)
     return rows
+
+
+def floors(cells: pd.DataFrame, g: pd.DataFrame, probe: str, task: str, layer: int) -> dict:
+    """A depth row's floors: `first_layer` (the first stored layer swept, layer 0 where it was stored) and its
+    test MCC; `shuffled_mcc`, the mean test MCC of the probe refitted on permuted training labels at its best
+    layer (`<probe>+shuffled` cells, one per permutation seed; `shuffled_mcc_lo` / `_hi` their min and max,
+    `n_permutations`; NaN and 0 where none was fitted)."""
+    first = g.loc[g["layer"].astype(int).idxmin()]
+    null = cells[(cells["probe"] == f"{probe}+shuffled") & (cells["task"] == task) & (cells["layer"] == layer)]
+    mcc = pd.to_numeric(null["mcc"]).to_numpy(dtype=float)
+    return {"first_layer": int(first["layer"]), "first_layer_mcc": first["mcc"], "n_permutations": len(mcc),
+            **interval_of("shuffled_mcc", *((mcc.mean(), (mcc.min(), mcc.max())) if len(mcc) else
+                                          (np.nan, (np.nan, np.nan))))}
 
 
 def depth_summary(depth: pd.DataFrame) -> list[dict]:
@@ -188,54 +210,6 @@ def directions(tested: pd.DataFrame, prefix: str, name: str) -> dict:
     return out
 
 
-def neither_shares(y, pred, groups, n_boot: int, seed: int = 0) -> dict:
-    """Among the test statements labelled neither: recall (predicted neither), the share abstained on
-    (pred -1), and of those misclassified as a real class the share predicted false / true, each with
-    its cluster-bootstrap 95 % interval (whole groups resampled; NaN where a resample has none)."""
-    y, pred = np.asarray(y), np.asarray(pred)
-
-    def share(hit: tuple, among: tuple | None):
-        """stat(rows): share of the neither statements among `rows` predicted one of `hit`, counting only
-        those predicted one of `among` (None: all)."""
-        def stat(rows):
-            p = pred[rows][y[rows] == NEITHER]
-            p = p if among is None else p[np.isin(p, among)]
-            return np.mean(np.isin(p, hit)) if p.size else np.nan
-        return stat
-
-    stats = {"neither_recall": share((NEITHER,), None), "neither_abstained": share((ABSTAIN,), None),
-             "misclassified_as_false": share((FALSE,), (FALSE, TRUE)),
-             "misclassified_as_true": share((TRUE,), (FALSE, TRUE))}
-    nei = pred[y == NEITHER]
-    out = {"n_neither": int(nei.size), "n_as_false": int(np.sum(nei == FALSE)), "n_as_true": int(np.sum(nei == TRUE)),
-           "n_abstained": int(np.sum(nei == ABSTAIN))}
-    for name, stat in stats.items():
-        r = paired_bootstrap(stat, y.size, groups=groups, n_boot=n_boot, seed=seed)  # a single statistic's interval
-        out.update(_interval(name, r["diff"], r["ci"]))
-    return out
-
-
-def neither_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataFrame, n_boot: int) -> list[dict]:
-    """Claim (b) rows of one (model, datapack), one per probe with a multiclass cell."""
-    rows = []
-    for probe, g in table.groupby("probe"):
-        multi, binary = g[g["task"] == "multiclass"], g[g["task"] == "neither_vs_all"]
-        if multi.empty:
-            log.info("%s / %s / %s: no multiclass cells, left out of claim (b)", model, datapack, probe)
-            continue
-        best = _best(multi)
-        test = cell_of(cells, best)["test"]
-        groups = np.asarray(test["groups"]) if test.get("groups") is not None else None
-        row = {"claim": "b", "model": model, "datapack": datapack, "probe": probe, "layer": int(best["layer"]),
-               "depth": best["depth"], "flag": best["flag"], **neither_shares(test["y"], test["pred"], groups, n_boot)}
-        if len(binary):
-            b = _best(binary)
-            row.update(neither_vs_all_layer=int(b["layer"]),
-                       **_interval("neither_vs_all_mcc", b["mcc"], (b["mcc_lo"], b["mcc_hi"])))
-        rows.append(row)
-    return rows
-
-
 def verdict(diff: float, significant) -> str:
     """samil - other: better / worse when the difference is significant and above / below 0, else no
     significant difference; undefined where there was no test (significant <NA>)."""
@@ -262,7 +236,7 @@ def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataF
                    "p_mcnemar": result["mcnemar"]["p_value"], "bootstrap": result["bootstrap"]}
             for metric in C_METRICS:
                 r = result[metric]
-                row.update(_interval(f"delta_{metric}", r["diff"], r["ci"]), **{f"delta_{metric}_p_raw": r["p_value"]})
+                row.update(interval_of(f"delta_{metric}", r["diff"], r["ci"]), **{f"delta_{metric}_p_raw": r["p_value"]})
             rows.append(row)
     return rows
 
@@ -300,17 +274,21 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
     (tables.publish)."""
     models, datapacks = list(models), list(datapacks)
     study = load_study(results_dir, models, datapacks, split)
-    parts = {"a": [], "b": [], "c": []}
+    parts = {"a": [], "b": [], "c": [], "versus": []}
     for (model, datapack), (cells, table) in study.items():
         parts["a"] += depth_claims(model, datapack, cells, table, n_boot)
         parts["b"] += neither_claims(model, datapack, cells, table, n_boot)
+        parts["versus"] += control_claims(model, datapack, cells, table, n_boot)
         parts["c"] += samil_claims(model, datapack, cells, table, n_boot)
-    depth, neither, samil = (pd.DataFrame(parts[k]) for k in "abc")
+    depth, neither, samil, versus = (pd.DataFrame(parts[k]) for k in ("a", "b", "c", "versus"))
+    versus = control_verdicts(versus)
+    verdicts = pd.DataFrame(neither_verdicts(versus))
     depth = with_holm(depth, "q3_vs_rest_mcc", ["model"])
     samil = samil_verdicts(samil)
     summary, samil_counts = pd.DataFrame(depth_summary(depth)), pd.DataFrame(samil_summary(samil))
     family = max((int(t.groupby("model")[col].count().max()) for t, col in
                   ((depth, "q3_vs_rest_mcc_p_raw"), (samil, "delta_mcc_p_raw")) if not t.empty), default=0)
+    family = max(family, int(versus["delta_mcc_all_p_raw"].count()) if "delta_mcc_all_p_raw" in versus else 0)
     if warning := holm_resolution_warning(n_boot, family):
         log.warning(warning)
 
@@ -326,10 +304,10 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
                 plots.depth_figure(tables, colours, QUARTER_EDGES[1:], out / figures[-1], f"{datapack} ({split})")
             else:
                 log.info("no model has cells for %s: no depth_%s.png", datapack, datapack)
-        claims = pd.concat([depth, summary, neither, samil, samil_counts], ignore_index=True)
+        claims = pd.concat([depth, summary, neither, versus, verdicts, samil, samil_counts], ignore_index=True)
         claims.to_csv(out / "claims.csv", index=False)
         (out / "claims.md").write_text(claims_markdown(depth, summary, neither, samil, samil_counts,
-                                                       coverage_markdown(study, stamp, figures)))
+                                                       coverage_markdown(study, stamp, figures), versus, verdicts))
 
     if page_dir is not None:
         publish(Path(page_dir), build)

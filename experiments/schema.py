@@ -100,6 +100,11 @@ class ClaimsStudySchema:
                                "the probes and probe-like controls swept at every stored layer")
     tasks: list[str] = option(["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"],
                               "the tasks of every sweep job (heads shared within a layer)")
+    controls: list[str] = option(["text", "surprisal"], "the controls fitted by probe=linear beside the sweep "
+                                 "(probes/controls.py: text, the statement's TF-IDF; surprisal, the model's NLL)")
+    limit: Optional[int] = option(None, "extract N statements of each datapack (label-stratified, whole subjects) for a "
+                                  "quick look; null: all")
+    permutations: int = option(3, "shuffled-label refits of each probe at its best layer per task (0: none)")
     split: SplitChoice = field(default_factory=SplitChoice)
     split_seed: int = option(0, "the split seed of the sweeps")
     workers: int = option(2, "sweep worker processes (one thread each)")

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments.claims_neither import FEATURE_CONTROLS
 from experiments.cross_model import depth_quarter, depth_summary, verdict
 from evaluation.selective import holm
 from extract.config import compose_config
@@ -44,6 +45,11 @@ def report(tmp_path_factory):
         for probe in probes:
             train_probes(run(f"probe={probe}", *(["probe.C=10", f"layer={SAMIL_LAYERS}"] if probe == "samil"
                                                  else ["layer=all"])))
+    run_a = partial(compose_config, "train_probe", "model.name=toy-a", f"store_dir={root / 'activations'}",
+                    f"results_dir={root / 'results'}", "n_boot=50", f"tasks={TASKS}")
+    train_probes(run_a("probe=linear", "features=text"))   # the text control (the store's 300 statements)
+    for seed in (0, 1):   # the shuffled-label floor of mean_diff at toy-a's peak layer
+        train_probes(run_a("probe=mean_diff", "shuffle_labels=true", f"layer=[{MODELS['toy-a'][2]}]", f"seed={seed}"))
     result = _cli(root, "models=[toy-a,toy-b]", "datapacks=[city_locations,med_indications]", "n_boot=50")
     assert result.returncode == 0, result.stderr[-2000:]
     claims = pd.read_csv(root / "reports" / "cross_model" / "claims.csv")
@@ -56,7 +62,9 @@ def _cells(root: Path, model: str, probe: str, task: str) -> dict[int, dict]:
 
 
 def _flag(cell: dict) -> str:
-    return ";".join(cell.get("degenerate_reasons") or (["degenerate"] if cell.get("degenerate") else []))
+    from experiments.tables import cell_flag
+
+    return cell_flag(cell)
 
 
 def _best_calibration_layer(cells: dict[int, dict], layers) -> int:
@@ -157,7 +165,7 @@ def test_a_probe_not_swept_at_every_stored_layer_stays_out_of_the_depth_claim(re
 
 def test_neither_shares_equal_a_direct_count(report):
     root, claims, _ = report
-    neither = claims[claims["claim"] == "b"]
+    neither = claims[(claims["claim"] == "b") & ~claims["probe"].isin(FEATURE_CONTROLS)]
     assert len(neither) == sum(len(probes) for *_, probes in MODELS.values())
     for _, r in neither.iterrows():
         cells = _cells(root, r["model"], r["probe"], "multiclass")
@@ -174,6 +182,52 @@ def test_neither_shares_equal_a_direct_count(report):
         assert r["neither_recall_lo"] <= r["neither_recall"] <= r["neither_recall_hi"]
         binary = _cells(root, r["model"], r["probe"], "neither_vs_all")
         assert r["neither_vs_all_mcc"] == pytest.approx(binary[r["neither_vs_all_layer"]]["metrics"]["mcc"])
+
+
+def test_controls_beside_the_claims(report):
+    """Claim (b): the text control's rows, each probe against it on the same test rows (compare_cells' mcc_all,
+    a direct recall difference), Holm over the whole family, verdicts from the Holm decisions; claim (a): the
+    shuffled-label floor is the mean of the permutations' cells at the probe's best layer."""
+    from experiments.compare import compare_cells
+
+    root, claims, _ = report
+    neither = claims[(claims["claim"] == "b") & (claims["probe"] == "linear+text")]
+    assert list(neither["model"]) == ["toy-a"] and neither["layer"].isna().all()
+    versus = claims[claims["claim"] == "b_control"]
+    assert set(zip(versus["model"], versus["probe"], versus["control"])) == {
+        ("toy-a", "mean_diff", "linear+text"), ("toy-a", "samil", "linear+text")}
+    control = json.loads((root / "results/toy-a/city_locations/linear+text/neither_vs_all/entity_disjoint/"
+                                 "layer=none/seed=0.json").read_text())
+    control_multi = json.loads((root / "results/toy-a/city_locations/linear+text/multiclass/entity_disjoint/"
+                                       "layer=none/seed=0.json").read_text())
+    for _, r in versus.iterrows():
+        probe = _cells(root, "toy-a", r["probe"], "neither_vs_all")[int(r["neither_vs_all_layer"])]
+        direct = compare_cells(probe, control, n_boot=50)["mcc_all"]
+        assert r["delta_mcc_all"] == pytest.approx(direct["diff"]) and r["delta_mcc_all_p_raw"] == direct["p_value"]
+        multi = _cells(root, "toy-a", r["probe"], "multiclass")[int(r["multiclass_layer"])]["test"]
+        y = np.array(multi["y"])
+        recall = [np.mean(np.array(t["pred"])[y == 2] == 2) for t in (multi, control_multi["test"])]
+        assert r["delta_recall"] == pytest.approx(recall[0] - recall[1])
+        verdict_of = ("not distinguishable" if not r["delta_mcc_all_significant_holm"] else
+                      "beyond the control" if r["delta_mcc_all"] > 0 else "below the control")
+        assert r["verdict_delta_mcc_all"] == verdict_of
+    np.testing.assert_allclose(versus["delta_mcc_all_p_holm"], holm(versus["delta_mcc_all_p_raw"].to_numpy()))
+    (v,) = claims[claims["claim"] == "b_verdict"].itertuples()
+    beyond = [p for p, g in versus.groupby("probe") if (g["verdict_delta_mcc_all"] == "beyond the control").all()]
+    assert v.verdict == ("separable beyond lexical novelty" if beyond else
+                         "not distinguishable from lexical novelty on this datapack")
+    depth = claims[(claims["claim"] == "a") & (claims["model"] == "toy-a") & (claims["probe"] == "mean_diff")]
+    for _, r in depth.iterrows():
+        null = [json.loads(p.read_text())["metrics"]["mcc"] for p in (
+            root / "results/toy-a/city_locations/mean_diff+shuffled" / r["task"] / "entity_disjoint" /
+            f"layer={int(r['layer'])}").glob("seed=*.json")]
+        assert r["n_permutations"] == len(null)
+        if null:
+            assert r["shuffled_mcc"] == pytest.approx(np.mean(null)) and r["shuffled_mcc_lo"] == min(null)
+        assert r["first_layer"] == 0
+    assert (depth["n_permutations"] == 2).any()
+    md = (root / "reports" / "cross_model" / "claims.md").read_text()
+    assert "| toy-a | city_locations | linear+text (control) |" in md and f"**toy-a / city_locations**: {v.verdict}" in md
 
 
 def test_samil_verdicts_follow_their_holm_adjusted_p_values(report):
