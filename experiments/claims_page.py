@@ -11,7 +11,8 @@ import pandas as pd
 from experiments.compare import ESTIMANDS
 from experiments.tables import ALPHA, p_text
 
-C_METRICS = {"mcc": "MCC accepted rows", "wmcc": "W-MCC", "mcc_all": "MCC no abstention"}   # claim (c)'s estimands
+C_METRICS = {"mcc": "MCC accepted rows", "wmcc": "W-MCC", "mcc_all": "MCC no abstention",
+             "auroc": "AUROC"}   # claim (c)'s estimands
 VERDICTS = {"samil better": "better", "samil worse": "worse", "no significant difference": "n.s.", "undefined": "-"}
 
 
@@ -134,7 +135,9 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
                      "neither_vs_all MCC", "flag"], lines)]
 
     text += ["## (c) Does sAwMIL beat the single-instance probes?", "",
-             ("Each probe at its best calibration layer; paired cluster-bootstrap differences samil - other (95 % "
+             ("samil: ours; samil_reference: sAwMIL trained as the reference code trains it (conf/probe/"
+              "samil_reference.yaml). Each probe at its best calibration layer (best layers), and the rival at the "
+              "samil's layer (same layer); paired cluster-bootstrap differences samil - other (95 % "
               "intervals) of: " + "; ".join(f"{label}: {ESTIMANDS[m]}" for m, label in C_METRICS.items()) + ". p: two-sided bootstrap "
               f"p raw / Holm-adjusted over the family of all the model's (datapack, task, rival) comparisons of that "
               f"metric; a verdict (raw / Holm) says samil better or worse where p < {ALPHA}. McNemar (rows both "
@@ -143,13 +146,14 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
         counts = "; ".join(f"{label}: worse in {s[f'n_samil_worse_raw_{m}']} raw / {s[f'n_samil_worse_holm_{m}']} Holm, "
                            f"better in {s[f'n_samil_better_raw_{m}']} / {s[f'n_samil_better_holm_{m}']}"
                            for m, label in C_METRICS.items())
-        text.append(f"- **{s['model']}**, of {s['n_comparisons']} comparisons: {counts}.")
-    lines = [[r["model"], r["datapack"], r["task"], r["versus"], f"{r['samil_layer']} / {r['other_layer']}",
+        text.append(f"- **{s['model']}**, {s['samil']}, of {s['n_comparisons']} comparisons: {counts}.")
+    lines = [[r["model"], r["datapack"], r["task"], r["samil"], r["versus"], r["at"],
+              f"{r['samil_layer']} / {r['other_layer']}",
               *(x for m in C_METRICS for x in (_ci(r, f"delta_{m}", signed=True), p_text(r, f"delta_{m}"),
                                                " / ".join(VERDICTS[r[f"verdict_{m}_{k}"]] for k in ("raw", "holm")))),
               f"{r['p_mcnemar']:.3g}", _flag(r["samil_flag"]) + " / " + _flag(r["other_flag"])]
              for _, r in samil.iterrows()]
-    text += ["", _table(["model", "datapack", "task", "samil vs", "layers (samil / other)",
+    text += ["", _table(["model", "datapack", "task", "samil", "vs", "at", "layers (samil / other)",
                          *(x for label in C_METRICS.values()
                            for x in (f"{label} difference", "p / Holm", "verdict (raw / Holm)")),
                          "p (McNemar)", "flag (samil / other)"], lines)]

@@ -12,8 +12,8 @@ For every (model, datapack), each step runs one of the toolkit's entry points in
 3. controls `python -m train_probe probe=linear features=<text|surprisal>` (probes.controls: the statement's
             TF-IDF, no model; the model's surprisal of the statement), every task;
 4. nulls    `python -m train_probe -m probe=<p> shuffle_labels=true layer=<best> seed=0,..,<permutations - 1>`: each
-            probe (random_direction aside) refitted on permuted training labels at its best calibration layer of
-            each task (experiments.tables.best_layers), one process per (probe, layer);
+            of `null_probes` refitted on permuted training labels at its best calibration layer of each task
+            (experiments.tables.best_layers), one process per (probe, layer);
 
 then the page, `experiments.cross_model` on those cells with page_dir=<out_dir> (claims.md, claims.csv, the depth
 figures; whole or not at all): rerunning the command on the same cells rewrites it byte for byte but for its
@@ -65,11 +65,11 @@ def study_steps(o: dict) -> None:
 
 
 def null_jobs(o: dict, model: str, datapack: str) -> list[tuple[str, int, list[str]]]:
-    """Step 4's jobs: (probe, its best calibration layer, the tasks best there) for each probe of the sweep
-    (random_direction aside) whose shuffled-label cells at that layer are not all there yet."""
+    """Step 4's jobs: (probe, its best calibration layer, the tasks best there) for each of `null_probes` swept
+    whose shuffled-label cells at that layer are not all there yet."""
     cells = load_cells(o["results_dir"], model, datapack)
     cells = cells[cells["split"] == o["split"]["kind"]]
-    probes = [p for p in o["probes"] if p != "random_direction"]
+    probes = [p for p in o["null_probes"] if p in o["probes"]]
     best = best_layers(layer_table(cells[cells["probe"].isin(probes) & cells["layer"].notna()]))
     done = set(zip(cells["probe"], cells["task"], cells["layer"], cells["seed"]))
     jobs: dict[tuple[str, int], list[str]] = {}
@@ -85,6 +85,7 @@ def claims_study(cfg: DictConfig) -> Path:
                                                "tasks": "a list, e.g. [multiclass]", "run": "true or false",
                                                "workers": "a whole number >= 1", "n_boot": "a whole number >= 1",
                                                "controls": "a list, e.g. [text,surprisal]",
+                                               "null_probes": "a list, e.g. [linear]",
                                                "permutations": "a whole number >= 0",
                                                "page_n_boot": "a whole number >= 1"})
     for key in ("workers", "n_boot", "page_n_boot"):
@@ -93,7 +94,7 @@ def claims_study(cfg: DictConfig) -> Path:
         raise ToolkitError(f"permutations={o['permutations']}: give a whole number >= 0 (0: no shuffled-label nulls)")
     if any(c not in ("text", "surprisal") for c in o["controls"]):
         raise ToolkitError(f"controls={o['controls']}: give any of [text, surprisal] (or [] for none)")
-    for key, group in (("models", "model"), ("datapacks", "data"), ("probes", "probe")):
+    for key, group in (("models", "model"), ("datapacks", "data"), ("probes", "probe"), ("null_probes", "probe")):
         known = sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml"))
         if not o[key] or any(name not in known for name in o[key]):
             raise ToolkitError(f"{key}={o[key]}: give one or more of {known}")

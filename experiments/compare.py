@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evaluation.cell_metrics import raw_auroc
 from evaluation.cells import CellError
 from evaluation.metrics import abstain_mcc, as_probs, mcc, wmcc
 from evaluation.selective import aurc, mcnemar_exact, paired_bootstrap, paired_bootstrap_diff
@@ -32,6 +33,7 @@ ESTIMANDS = {   # what each key of compare_cells' result measures; every table n
     "wmcc": "W-MCC (MCC on accepted rows x acceptance, all rows)",
     "mcc_all": "MCC without abstention (argmax, all rows)",
     "aurc": "AURC of the argmax prediction ranked by its confidence (all rows; lower is better)",
+    "auroc": "AUROC of the raw probe scores (all rows; multiclass: one-vs-rest macro)",
     "mcnemar": "McNemar exact, conformal predictions, rows both cells accept",
     "mcnemar_all": "McNemar exact, argmax predictions, all rows",
 }
@@ -49,14 +51,21 @@ def compare_cells(a: dict, b: dict, n_boot: int = 1000, seed: int = 0, names=("a
     probs = [as_probs(np.asarray(t["probs"])) for t in (ta, tb)]
     plain, conf = [p.argmax(1) for p in probs], [p.max(1) for p in probs]
 
+    scores = [np.asarray(t["scores"], dtype=np.float64) for t in (ta, tb)]
+
     def aurc_diff(i):
         return aurc(y[i], plain[0][i], conf[0][i]) - aurc(y[i], plain[1][i], conf[1][i])
+
+    def auroc_diff(i):
+        a_, b_ = raw_auroc(y[i], scores[0][i]), raw_auroc(y[i], scores[1][i])
+        return np.nan if a_ is None or b_ is None else a_ - b_
 
     return {"n": int(y.size), "bootstrap": "iid" if groups is None else "cluster", "n_boot": int(n_boot),
             "mcc": paired_bootstrap_diff(y, *pred, abstain_mcc, groups=groups, n_boot=n_boot, seed=seed),
             "wmcc": paired_bootstrap_diff(y, *pred, wmcc, groups=groups, n_boot=n_boot, seed=seed),
             "mcc_all": paired_bootstrap_diff(y, *plain, mcc, groups=groups, n_boot=n_boot, seed=seed),
             "aurc": paired_bootstrap(aurc_diff, y.size, groups=groups, n_boot=n_boot, seed=seed),
+            "auroc": paired_bootstrap(auroc_diff, y.size, groups=groups, n_boot=n_boot, seed=seed),
             "mcnemar": mcnemar_exact(y, *pred), "mcnemar_all": mcnemar_exact(y, *plain)}
 
 
@@ -65,7 +74,7 @@ def compare(args: argparse.Namespace) -> dict:
     and printed as JSON; --n-boot must be >= 1."""
     n_boot = check_count(args.n_boot, "--n-boot")
     result = compare_cells(report_cell(args.a), report_cell(args.b), n_boot, args.seed)
-    for key in ("mcc", "wmcc", "mcc_all", "aurc"):
+    for key in ("mcc", "wmcc", "mcc_all", "aurc", "auroc"):
         r = result[key]
         log.info("%s, a - b: %+.3f [%+.3f, %+.3f] (p = %.3g, %s bootstrap)", ESTIMANDS[key], r["diff"], *r["ci"],
                  r["p_value"], result["bootstrap"])

@@ -39,10 +39,11 @@ two-sided bootstrap p (`<difference>_p_raw`), Holm-adjusted over the claim's fam
                   and multiclass neither recall, probe - control, Holm over the whole family of each difference;
                   `b_verdict` per (model, datapack): "separable beyond lexical novelty" when some probe beats every
                   control significantly, else "not distinguishable from lexical novelty on this datapack"
-    (c) samil     per (model, datapack, task): samil - linear / mlp / mean_diff, each at its best layer:
-                  differences of MCC on accepted rows, W-MCC and MCC without abstention, and a verdict per
-                  metric, raw and Holm over all the model's (datapack, task, rival) comparisons of that
-                  metric; `c_summary`: per model, the verdicts counted
+    (c) samil     per (model, datapack, task): samil and samil_reference (the reference code's procedure) -
+                  linear / mlp / mean_diff, each at its best layer (`at` "best layers") and the rival at the
+                  samil's layer ("same layer"): differences of MCC on accepted rows, W-MCC, MCC without
+                  abstention and AUROC, and a verdict per metric, raw and Holm over all the model's comparisons
+                  of that metric; `c_summary`: per model, the verdicts counted
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ from extract.schema import check_writable, typed_options
 log = logging.getLogger(__name__)
 QUARTER_EDGES = (0.25, 0.5, 0.75)
 SINGLE_INSTANCE = ("linear", "mlp", "mean_diff")
+MIL_PROBES = ("samil", "samil_reference")   # claim (c): ours and the reference code's procedure
 CONTROLS = ("text", "surprisal", "shuffled")   # controls with their own cells (random_direction is swept as a probe)
 
 
@@ -219,25 +221,33 @@ def verdict(diff: float, significant) -> str:
 
 
 def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataFrame, n_boot: int) -> list[dict]:
-    """Claim (c) rows of one (model, datapack): samil against each single-instance probe, per task."""
+    """Claim (c) rows of one (model, datapack): each sAwMIL (MIL_PROBES: ours, the reference's procedure) against
+    each single-instance probe, per task, at each probe's own best calibration layer (`at`: "best layers") and with
+    the rival at the samil's layer ("same layer")."""
     best = {(r["probe"], r["task"]): r for _, r in best_layers(table).iterrows()}
     rows = []
     for task in sorted(table["task"].unique()):
-        if ("samil", task) not in best:
-            log.info("%s / %s / %s: no samil cells, left out of claim (c)", model, datapack, task)
-            continue
-        samil = best["samil", task]
-        for other in (p for p in SINGLE_INSTANCE if (p, task) in best):
-            rival = best[other, task]
-            result = compare_cells(cell_of(cells, samil), cell_of(cells, rival), n_boot=n_boot)
-            row = {"claim": "c", "model": model, "datapack": datapack, "task": task, "versus": other,
-                   "samil_layer": int(samil["layer"]), "other_layer": int(rival["layer"]),
-                   "samil_flag": samil["flag"], "other_flag": rival["flag"],
-                   "p_mcnemar": result["mcnemar"]["p_value"], "bootstrap": result["bootstrap"]}
-            for metric in C_METRICS:
-                r = result[metric]
-                row.update(interval_of(f"delta_{metric}", r["diff"], r["ci"]), **{f"delta_{metric}_p_raw": r["p_value"]})
-            rows.append(row)
+        for mil in MIL_PROBES:
+            if (mil, task) not in best:
+                log.info("%s / %s / %s: no %s cells, left out of claim (c)", model, datapack, task, mil)
+                continue
+            samil = best[mil, task]
+            for other in (p for p in SINGLE_INSTANCE if (p, task) in best):
+                same = table[(table["probe"] == other) & (table["task"] == task) & (table["layer"] == samil["layer"])]
+                for at, rival in (("best layers", best[other, task]), ("same layer", same.iloc[0] if len(same) else None)):
+                    if rival is None:
+                        continue
+                    result = compare_cells(cell_of(cells, samil), cell_of(cells, rival), n_boot=n_boot)
+                    row = {"claim": "c", "model": model, "datapack": datapack, "task": task, "samil": mil,
+                           "versus": other, "at": at, "samil_layer": int(samil["layer"]),
+                           "other_layer": int(rival["layer"]), "samil_flag": samil["flag"],
+                           "other_flag": rival["flag"], "p_mcnemar": result["mcnemar"]["p_value"],
+                           "bootstrap": result["bootstrap"]}
+                    for metric in C_METRICS:
+                        r = result[metric]
+                        row.update(interval_of(f"delta_{metric}", r["diff"], r["ci"]),
+                                   **{f"delta_{metric}_p_raw": r["p_value"]})
+                    rows.append(row)
     return rows
 
 
@@ -256,11 +266,11 @@ def samil_verdicts(samil: pd.DataFrame) -> pd.DataFrame:
 
 
 def samil_summary(samil: pd.DataFrame) -> list[dict]:
-    """Per model: its claim (c) comparisons, and per metric how many say samil is significantly better /
-    worse (raw and Holm)."""
+    """Per (model, samil variant): its claim (c) comparisons, and per metric how many say it is significantly
+    better / worse (raw and Holm)."""
     rows = []
-    for model, g in (samil.groupby("model", sort=False) if len(samil) else ()):
-        row = {"claim": "c_summary", "model": model, "n_comparisons": len(g)}
+    for (model, mil), g in (samil.groupby(["model", "samil"], sort=False) if len(samil) else ()):
+        row = {"claim": "c_summary", "model": model, "samil": mil, "n_comparisons": len(g)}
         for metric in C_METRICS:
             row.update({f"{k}_{metric}": v for k, v in directions(g, f"delta_{metric}", "samil").items()})
         rows.append(row)

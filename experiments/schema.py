@@ -96,10 +96,12 @@ class ClaimsStudySchema:
     """`python -m experiments.claims_study`'s options (conf/claims_study.yaml)."""
     models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
     datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
-    probes: list[str] = option(["samil", "linear", "mlp", "mean_diff", "random_direction"],
+    probes: list[str] = option(["samil", "samil_reference", "linear", "mlp", "mean_diff", "random_direction"],
                                "the probes and probe-like controls swept at every stored layer")
     tasks: list[str] = option(["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"],
                               "the tasks of every sweep job (heads shared within a layer)")
+    null_probes: list[str] = option(["samil", "linear", "mlp", "mean_diff"], "the probes refitted on shuffled labels "
+                                    "at their best layers (those of `probes` only)")
     controls: list[str] = option(["text", "surprisal"], "the controls fitted by probe=linear beside the sweep "
                                  "(probes/controls.py: text, the statement's TF-IDF; surprisal, the model's NLL)")
     limit: Optional[int] = option(None, "extract N statements of each datapack (label-stratified, whole subjects) for a "

@@ -51,7 +51,10 @@ def test_planted_layer_beats_noise_layer_and_self_comparison_is_zero(results):
     y = np.array(planted["test"]["y"])
     probs = np.array(planted["test"]["probs"])
     assert planted["metrics"]["aurc"] == pytest.approx(aurc(y, probs.argmax(1), probs.max(1)))
+    assert better["auroc"]["diff"] == pytest.approx(planted["metrics"]["auroc"] - noise["metrics"]["auroc"])
+    assert better["auroc"]["ci"][0] > 0
     same = compare_cells(planted, planted, n_boot=100)
+    assert same["auroc"]["diff"] == 0 and same["auroc"]["ci"] == [0.0, 0.0]
     assert same["mcc"]["diff"] == 0 and same["mcc"]["ci"] == [0.0, 0.0] and same["mcnemar"]["p_value"] == 1.0
 
 

@@ -233,11 +233,15 @@ def test_controls_beside_the_claims(report):
 def test_samil_verdicts_follow_their_holm_adjusted_p_values(report):
     root, claims, _ = report
     samil = claims[claims["claim"] == "c"]
-    # only toy-a has samil cells; mean_diff is its one single-instance rival here
-    assert set(samil["model"]) == {"toy-a"} and set(samil["versus"]) == {"mean_diff"} and len(samil) == 4
+    # only toy-a has samil cells; mean_diff is its one single-instance rival here, at its own best layer and at
+    # samil's
+    assert set(samil["model"]) == {"toy-a"} and set(samil["versus"]) == {"mean_diff"} and len(samil) == 8
+    assert set(samil["samil"]) == {"samil"} and (samil["at"] == "best layers").sum() == 4
+    same = samil[samil["at"] == "same layer"]
+    assert (same["other_layer"] == same["samil_layer"]).all() and len(same) == 4
     summary = claims[claims["claim"] == "c_summary"].set_index("model")
-    assert summary.loc["toy-a", "n_comparisons"] == 4
-    for metric in ("mcc", "wmcc", "mcc_all"):
+    assert summary.loc["toy-a", "n_comparisons"] == 8
+    for metric in ("mcc", "wmcc", "mcc_all", "auroc"):
         prefix = f"delta_{metric}"
         # the family: all the model's (datapack, task, rival) comparisons of this metric
         np.testing.assert_allclose(samil[f"{prefix}_p_holm"], holm(samil[f"{prefix}_p_raw"].to_numpy()))

@@ -8,6 +8,7 @@ first stage (sMIL), so `_PkgSAwMIL` below forwards it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -453,3 +454,37 @@ def test_prepared_bags_shared_across_C():
         b = SAwMIL(C=C).fit_prepared(bags)
         assert torch.equal(a.coef_, b.coef_) and a.intercept_ == b.intercept_
         assert torch.equal(a.stage1_coef_, b.stage1_coef_) and torch.equal(a.instance_labels_, b.instance_labels_)
+
+
+def test_reference_training_bags_on_a_hand_example():
+    """capped_bags: the first `limit` bags; a bag over max_bag_size keeps its last k tokens and a seeded, ordered
+    draw of the others; a short bag stays whole."""
+    from probes.samil.probe import capped_bags
+
+    X = torch.arange(30, dtype=torch.float32)[:, None]
+    bags = Features(X, torch.tensor([0, 3, 15, 30]), np.array([7, 8, 9]))
+    capped, y = capped_bags(bags, np.array([1, 0, 1]), 5, 2, 2, seed=0)
+    assert capped.offsets.tolist() == [0, 3, 8] and y.tolist() == [1, 0] and capped.groups.tolist() == [7, 8]
+    kept = capped.X[3:, 0].tolist()
+    assert kept[:3] == sorted(kept[:3]) and set(kept[:3]) < set(range(3, 13)) and kept[3:] == [13.0, 14.0]
+    assert capped_bags(bags, np.zeros(3), 5, 2, 2, seed=0)[0].X.tolist() == capped.X.tolist()   # seeded
+    assert capped_bags(bags, np.zeros(3), None, 2, None, seed=0)[0].X.tolist() == X.tolist()
+
+
+def test_the_reference_preset_trains_on_capped_bags(tmp_path):
+    """probe=samil_reference: cells under its own name, the reference's options recorded; a bag cap below k is
+    refused in one line."""
+    from probes.base import ProbeError
+    from probes.pipeline import train_probes
+    from tests.helpers import make_synthetic_store, run_cfg
+
+    make_synthetic_store(tmp_path / "activations", n_real=300, n_neither=150, max_length=14)
+    (path,) = train_probes(run_cfg(tmp_path, "probe=samil_reference", "task=true_vs_all", "layer=[1]",
+                                   "probe.train_bag_limit=200"))
+    cell = json.loads(path.read_text())
+    assert "samil_reference" in str(path)
+    (params,) = cell["probe_params"].values()      # one head
+    assert params["max_bag_size"] == 10 and params["train_bag_limit"] == 200 and params["Cs"] == [0.05, 0.1, 0.5, 1.0, 10.0]
+    assert cell["config"]["probe"]["tokens"] == "all" and cell["metrics"]["auroc"] > 0.8
+    with pytest.raises(ProbeError, match="max_bag_size=1 is below k=2"):
+        train_probes(run_cfg(tmp_path, "probe=samil_reference", "probe.max_bag_size=1", "layer=[1]"))

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from evaluation.metrics import auroc
-from probes.base import Probe, ProbeError, beyond_grid, check_C_limits, kfold_splits, resolve_device, standardiser
+from probes.base import (Probe, ProbeError, beyond_grid, check_C_limits, check_positive, kfold_splits, resolve_device,
+                         standardiser)
 from probes.features import Features
 from probes.samil.bags import matvec, segment_max
 from probes.samil.estimator import PreparedBags, SAwMIL, distinct_tokens, prepare_bags
@@ -27,7 +28,9 @@ class SAwMILProbe(Probe):
     bag's tokens ("statement" or "all"); the other arguments are those of `SAwMIL` (`stage3_weights`
     "balanced" by default, "none" = the reference's unweighted stage 3; the solver options
     `min_pos_ratio`, `fallback`, `max_iter`, `tol`, `num_threads`, `stage3_solver`: None = SAwMIL's default). Runs on the
-    accelerator's device ("auto": CUDA if present). As an estimator, X is `(tokens [T, d], offsets [n+1])`
+    accelerator's device ("auto": CUDA if present). `max_bag_size` / `train_bag_limit` (None: off) train every fit,
+    each CV fold's too, on bags cut as the reference code cuts them (`capped_bags`: the first train_bag_limit bags,
+    each cut to max_bag_size tokens keeping its last k); scoring always reads whole bags. As an estimator, X is `(tokens [T, d], offsets [n+1])`
     or a list of bags [n_i, d].
 
     With `warm_cv` (default) the grid's fits start from their neighbours' solutions: on each fold,
@@ -53,13 +56,15 @@ class SAwMILProbe(Probe):
                  stage3_weights: str = "balanced", standardize: bool = True, accelerator: str = "auto", seed: int = 0,
                  tokens: str = "statement", warm_cv: bool = True, min_pos_ratio: float | None = None,
                  fallback: str | None = None, max_iter: int | None = None, tol: float | None = None,
-                 num_threads: int | None = None, stage3_solver: str | None = None):
+                 num_threads: int | None = None, stage3_solver: str | None = None, max_bag_size: int | None = None,
+                 train_bag_limit: int | None = None):
         super().__init__()
         self.C, self.Cs, self.cv_folds, self.eta, self.k, self.c_scaling = C, tuple(Cs), cv_folds, eta, k, c_scaling
         self.stage3_weights, self.standardize, self.accelerator = stage3_weights, standardize, accelerator
         self.seed, self.tokens, self.warm_cv, self.min_pos_ratio = seed, tokens, warm_cv, min_pos_ratio
         self.fallback, self.max_iter, self.tol, self.num_threads = fallback, max_iter, tol, num_threads
         self.stage3_solver = stage3_solver
+        self.max_bag_size, self.train_bag_limit = max_bag_size, train_bag_limit
         self.C_limits = None if C_limits is None else tuple(C_limits)
         self._check_params()
         self.register_buffer("coef", torch.zeros(0, dtype=torch.float64))
@@ -76,6 +81,12 @@ class SAwMILProbe(Probe):
         for c in (self.Cs if self.C is None else (self.C,)):
             SAwMIL(C=c, **self._options).check_params()
         check_C_limits(self.C_limits, self.Cs)
+        for name in ("max_bag_size", "train_bag_limit"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name), integer=True)
+        if self.max_bag_size is not None and self.max_bag_size < self.k:
+            raise ProbeError(f"max_bag_size={self.max_bag_size} is below k={self.k}: a capped bag keeps its last k "
+                             "tokens (the candidates); use max_bag_size >= k or null")
 
     @property
     def _options(self) -> dict:
@@ -103,6 +114,13 @@ class SAwMILProbe(Probe):
                                         standardised_tokens)
         return scaling, prepare_bags(tokens, train.offsets, y, self.k)
 
+    def _training_bags(self, data: Features, y: np.ndarray) -> tuple[Features, np.ndarray]:
+        """The bags a fit is trained on: all of `data`, or as the reference trains (max_bag_size / train_bag_limit
+        given): capped_bags."""
+        if self.max_bag_size is None and self.train_bag_limit is None:
+            return data, y
+        return capped_bags(data, y, self.max_bag_size, self.k, self.train_bag_limit, self.seed)
+
     def _fit_one(self, C: float, split: tuple, warm=None) -> tuple[SAwMIL, torch.Tensor, torch.Tensor]:
         """SAwMIL at C on a split's bags (`_prepared`): (model, mean [d], std [d]).
         `warm`: (model, mean, std) of a neighbouring fit to start from."""
@@ -125,7 +143,7 @@ class SAwMILProbe(Probe):
             self.held_out_scores_ = self._held_scores[C]
         self._held_scores = {}
         t0 = time.perf_counter()
-        model, mean, std = self._fit_one(C, self._prepared(train, y), warm=self._fold_fits.get(C))
+        model, mean, std = self._fit_one(C, self._prepared(*self._training_bags(train, y)), warm=self._fold_fits.get(C))
         self.mean, self.std = mean.clone(), std.clone()     # (its own buffers: the scaling is shared with other heads)
         if cv_auroc:
             self._record(None, C, model, time.perf_counter() - t0)
@@ -138,6 +156,7 @@ class SAwMILProbe(Probe):
                         "C_limits": None if self.C_limits is None else [float(c) for c in self.C_limits],
                         "cv_auroc": {str(c): cv_auroc[c] for c in sorted(cv_auroc)}, "eta": float(model.eta_),
                         "fallback_used": bool(model.fallback_used_), "standardize": self.standardize,
+                        "max_bag_size": self.max_bag_size, "train_bag_limit": self.train_bag_limit,
                         "coef_norm": model.fit_info_["stage3"]["coef_norm"],
                         "degenerate": bool(model.degenerate_ or np.ptp(train_scores) == 0.0),
                         "fit_seconds": model.fit_info_["seconds"]}
@@ -173,7 +192,7 @@ class SAwMILProbe(Probe):
         tolerance, at a visibly different direction (held-out AUROC 0.73 against 0.90 cold on planted bags)."""
         for f, (fit_idx, held_idx) in enumerate(folds):
             part, held = train.subset(fit_idx), train.subset(held_idx)
-            split = self._prepared(part, y[fit_idx])
+            split = self._prepared(*self._training_bags(part, y[fit_idx]))
             (mean, std), _ = split
             held_tokens = ((held.X - mean) / std).numpy()        # [T_held, d] in the fold's coordinates
             for C in Cs:
@@ -196,6 +215,30 @@ class SAwMILProbe(Probe):
         """float64 [N]: bag scores (max over each bag's token scores)."""
         scores = matvec((data.X - self.mean) / self.std, self.coef) + float(self.intercept)   # [T]
         return segment_max(scores, data.offsets, empty=float(self.intercept)).numpy()
+
+
+def capped_bags(data: Features, y: np.ndarray, max_bag_size: int | None, k: int, limit: int | None,
+                seed: int) -> tuple[Features, np.ndarray]:
+    """The reference's training bags (trilemma-of-truth's sAwMIL runner): the first `limit` bags (None: all), each
+    longer than `max_bag_size` cut to its last `k` tokens (the candidates) and max_bag_size - k of its other tokens
+    drawn at random (seeded by (seed, bag), kept in order). Features (a fresh memo: these are not `data`'s rows)
+    and y [M]."""
+    n = len(data) if limit is None else min(int(limit), len(data))
+    offsets = data.offsets.numpy()
+    rows, lengths = [], []
+    for i in range(n):
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        if max_bag_size is None or end - start <= max_bag_size:
+            keep = np.arange(start, end)
+        else:
+            drawn = np.random.default_rng([int(seed), i]).choice(end - start - k, size=max_bag_size - k, replace=False)
+            keep = np.r_[start + np.sort(drawn), np.arange(end - k, end)]
+        rows.append(keep)
+        lengths.append(len(keep))
+    capped = torch.zeros(n + 1, dtype=torch.long)
+    capped[1:] = torch.cumsum(torch.as_tensor(lengths, dtype=torch.long), 0)
+    groups = None if data.groups is None else data.groups[:n]
+    return Features(data.X[torch.from_numpy(np.concatenate(rows))], capped, groups), np.asarray(y)[:n]
 
 
 def _best_C(cv_auroc: dict[float, float]) -> float:
