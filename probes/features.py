@@ -27,6 +27,9 @@ class Features:
     offsets  int64 [N+1] or None: statement i owns rows offsets[i]:offsets[i+1] of X
     groups   int64 [N] or None: group of each statement (statements sharing an entity share a
              group), for grouped cross-validation inside `fit`
+    negation bool [N] or None: the statement is negated (its polarity; probes.ttpd, probes.ccs); None: unknown
+    pair     int64 [N] or None: statements sharing (object_1, object_2) share a key (`pair_keys`), -1 for a
+             statement with no partner; a statement and its negation form a contrast pair (probes.ccs)
     memo     dict or None: shared by these features' subsets when made by `sharing`, where `derived`
              keeps what is computed from a set of statements (e.g. sAwMIL's distinct tokens of a CV fold,
              the same for every head fitted on it); `rows` int64 [N]: the statements' places in the
@@ -35,6 +38,8 @@ class Features:
     X: torch.Tensor
     offsets: torch.Tensor | None = None
     groups: np.ndarray | None = None
+    negation: np.ndarray | None = None
+    pair: np.ndarray | None = None
     memo: dict | None = field(default=None, repr=False, compare=False)
     rows: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -49,7 +54,9 @@ class Features:
         """The statements `index` (int [M]), in that order (sharing this one's memo)."""
         index = np.asarray(index, dtype=np.int64)
         groups = None if self.groups is None else self.groups[index]
-        shared = dict(memo=self.memo, rows=None if self.rows is None else self.rows[index])
+        shared = dict(memo=self.memo, rows=None if self.rows is None else self.rows[index],
+                      **{name: None if getattr(self, name) is None else getattr(self, name)[index]
+                         for name in ("negation", "pair")})
         if self.offsets is None:
             return Features(self.X[torch.from_numpy(index)], None, groups, **shared)
         starts, ends = self.offsets[:-1][index], self.offsets[1:][index]
@@ -61,7 +68,8 @@ class Features:
 
     def sharing(self) -> "Features":
         """These features with a fresh memo that their subsets share (see `derived`)."""
-        return Features(self.X, self.offsets, self.groups, memo={}, rows=np.arange(len(self), dtype=np.int64))
+        return Features(self.X, self.offsets, self.groups, self.negation, self.pair, memo={},
+                        rows=np.arange(len(self), dtype=np.int64))
 
     def derived(self, name: str, compute):
         """``compute(self)``, kept in the shared memo under (name, these statements) where there is one
@@ -76,12 +84,19 @@ class Features:
 
     def extend(self, other: "Features") -> "Features":
         """These N statements followed by `other`'s (same representation): rows 0..N-1 are these, N.. other's
-        (groups concatenated where both have them, else None)."""
-        groups = None if self.groups is None or other.groups is None else np.concatenate([self.groups, other.groups])
-        if self.offsets is None:
-            return Features(torch.cat([self.X, other.X]), None, groups)
-        offsets = torch.cat([self.offsets, other.offsets[1:] + self.offsets[-1]])
-        return Features(torch.cat([self.X, other.X]), offsets, groups)
+        (groups, negation and pair each concatenated where both have them, else None)."""
+        joined = [None if a is None or b is None else np.concatenate([a, b]) for a, b in
+                  ((self.groups, other.groups), (self.negation, other.negation), (self.pair, other.pair))]
+        offsets = None if self.offsets is None else torch.cat([self.offsets, other.offsets[1:] + self.offsets[-1]])
+        return Features(torch.cat([self.X, other.X]), offsets, *joined)
+
+
+def pair_keys(table) -> np.ndarray:
+    """int64 [N]: one key per distinct (object_1, object_2) of a statement table (a statement and its negation
+    about the same entities share it), -1 where object_1 is empty (no entities, e.g. TruthfulQA's answers are
+    keyed by question alone and never negated)."""
+    keys = table.groupby(["object_1", "object_2"], sort=False).ngroup().to_numpy(dtype=np.int64)
+    return np.where(table["object_1"].astype(str).to_numpy() == "", -1, keys)
 
 
 def layer_features(store: ActivationStore, layer: int, representation: str, tokens: str = "statement") -> Features:

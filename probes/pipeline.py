@@ -35,7 +35,7 @@ from probes.artifacts import build_probe, calibrated_heads
 from probes.saved_pair import write_probe_cell
 from probes.base import Probe, ProbeError, check_choice
 from probes.controls import FEATURES, shuffled_positions, surprisal_features, text_features
-from probes.features import Features, layer_features
+from probes.features import Features, layer_features, pair_keys
 from probes.fitting import CALIBRATIONS, HeadBank
 from probes.schema import validate
 from probes.trainer import trainer_logging
@@ -70,13 +70,14 @@ def train_probes(cfg: DictConfig) -> list[Path]:
         split = make_split(table, **cfg.split) if rows_of is None else split_of(rows_of, cfg.split)
         controls = control_features(cfg, kind, table, split)
         groups = entity_groups(table)
+        negation, pair = table["negation"].to_numpy(dtype=bool), pair_keys(table)   # (ttpd, ccs)
         augment = None if cfg.get("augment") is None else augmentation(
             OmegaConf.to_container(cfg.augment, resolve=True), table, split,
             OmegaConf.to_container(cfg.model, resolve=True), str(cfg.store_dir), int(cfg.seed), bool(cfg.overwrite))
         desc = f"{cfg.probe.name} {tasks[0] if len(tasks) == 1 else f'{len(tasks)} tasks'}"
         for k in tqdm(todo, desc=desc, unit="layer"):
             features = controls if store is None else layer_features(store, k, template.representation, template.tokens)
-            features.groups = groups
+            features.groups, features.negation, features.pair = groups, negation, pair
             copies, note = np.zeros(0, dtype=np.int64), None   # copies: the clean row of each augmented row
             if augment is not None:
                 features, copies, note = augmented_features(augment, store, split, k, template, features, cfg.data.name)
@@ -156,7 +157,8 @@ def augmented_features(augment: Augmentation, store: ActivationStore, split, lay
     extra = augment.store(store, split, layer, datapack)
     more = layer_features(extra, layer, template.representation, template.tokens)
     copies = augment.frame["target_row"].to_numpy(dtype=np.int64)
-    more.groups = features.groups[copies]
+    more.groups, more.negation = features.groups[copies], features.negation[copies]
+    more.pair = np.full(len(copies), -1, dtype=np.int64)   # a copy is no statement's contrast partner
     return features.extend(more), copies, augment.summary(extra)
 
 
