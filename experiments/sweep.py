@@ -40,7 +40,8 @@ from probes.schema import validate
 log = logging.getLogger("sweep")
 # seconds per layer and probe, five tasks in one job, C by CV, SmolLM2 city_locations at one thread (the
 # median jobs of docs/results/make_run.md): only their order matters for the schedule
-COST = {"samil": 88.0, "samil_reference": 30.0, "mlp": 28.0, "linear": 5.0, "mean_diff": 1.0, "random_direction": 0.5}
+COST = {"samil": 88.0, "samil_reference": 30.0, "mlp": 28.0, "linear": 5.0, "mean_diff": 1.0, "random_direction": 0.5,
+        "ttpd": 2.0, "spca": 20.0, "ccs": 4.0}
 OWN = ("probes", "workers", "threads")
 
 

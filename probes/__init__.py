@@ -7,7 +7,8 @@ import importlib
 
 _WHERE = {"fit_probe": "probes.artifacts", "load_probe": "probes.artifacts", "FittedProbe": "probes.artifacts",
           "LinearProbe": "probes.linear", "MLPProbe": "probes.mlp", "MeanDiffProbe": "probes.mean_diff",
-          "SAwMILProbe": "probes.samil", "RandomDirectionProbe": "probes.random_direction"}
+          "SAwMILProbe": "probes.samil", "RandomDirectionProbe": "probes.random_direction",
+          "TTPDProbe": "probes.ttpd", "SupervisedPCAProbe": "probes.spca", "CCSProbe": "probes.ccs"}
 __all__ = sorted(_WHERE)
 
 

@@ -73,8 +73,8 @@ def test_hydra_help_is_still_hydras():
 
 
 @pytest.mark.parametrize("module, args, line", [
-    ("train_probe", ["probe=linaer"], "probe=linaer: no such probe; did you mean linear? (choices: linear, mean_diff, "
-                                      "mlp, random_direction, samil, samil_reference, sawmil)"),
+    ("train_probe", ["probe=linaer"], "probe=linaer: no such probe; did you mean linear? (choices: ccs, linear, mean_diff, "
+                                      "mlp, random_direction, samil, samil_reference, sawmil, spca, ttpd)"),
     ("train_probe", ["lyer=16"], "lyer: no such option; did you mean layer?"),
     ("train_probe", ["probe=mlp", "probe.dpth=2"], "probe.dpth: no such option; did you mean probe.depth?"),
     ("extract", ["model=smolm2"], "model=smolm2: no such model; did you mean smollm2? (choices: gemma3-270m, llama, "

@@ -18,7 +18,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from threadpoolctl import threadpool_limits
 
-from probes import FittedProbe, LinearProbe, MeanDiffProbe, MLPProbe, SAwMILProbe, fit_probe
+from probes import (CCSProbe, FittedProbe, LinearProbe, MeanDiffProbe, MLPProbe, SAwMILProbe, SupervisedPCAProbe,
+                    TTPDProbe, fit_probe)
 from probes.base import ProbeError
 from probes.features import Features
 from probes.samil import make_planted_bags
@@ -135,11 +136,41 @@ EXPECTED_FAILURES = {
     "MLPProbe": {**_COMMON, **_CLASS_WEIGHT, "check_no_attributes_set_in_init": _LIGHTNING + " and `net`",
                  "check_dont_overwrite_parameters": "fit leaves the network in eval mode (nn.Module's `training`)"},
     "MeanDiffProbe": _COMMON,
+    "SupervisedPCAProbe": _COMMON,
+    "PolarityTTPD": _COMMON,
+    "PairedCCS": {**_COMMON,
+                  "check_classifiers_train": "unsupervised: the check's rows paired by position (0 with 1, 2 with 3, ...) "
+                                             "are no statement / negation pairs, so the direction found need not follow y",
+                  "check_positive_only_tag_during_fit": "the check's labels put both rows of every position pair in one "
+                                                        "class, which CCS refuses (no contrast: use true_vs_false)"},
 }
 
 
+def _with_polarity(data: Features) -> Features:
+    """sklearn's checks pass X and y only: rows 2i and 2i+1 become an affirmative statement and its negation."""
+    rows = np.arange(len(data))
+    return Features(data.X, data.offsets, data.groups, rows % 2 == 1, rows // 2)
+
+
+class PolarityTTPD(TTPDProbe):
+    """TTPD on arrays, each row given a polarity by its position (`_with_polarity`)."""
+
+    def _features(self, X, width=None):
+        return _with_polarity(super()._features(X, width))
+
+
+class PairedCCS(CCSProbe):
+    """CCS on arrays, its training rows paired by position (`_with_polarity`); rows scored without a polarity."""
+
+    def _features(self, X, width=None):
+        data = super()._features(X, width)
+        return _with_polarity(data) if width is None else data
+
+
 @parametrize_with_checks([LinearProbe(seed=0, accelerator="cpu"), MeanDiffProbe(accelerator="cpu"),
-                          MLPProbe(max_epochs=5, seed=0, accelerator="cpu")],
+                          MLPProbe(max_epochs=5, seed=0, accelerator="cpu"),
+                          SupervisedPCAProbe(seed=0, accelerator="cpu"), PolarityTTPD(accelerator="cpu"),
+                          PairedCCS(epochs=100, seed=0, accelerator="cpu")],
                          expected_failed_checks=lambda est: EXPECTED_FAILURES[type(est).__name__], xfail_strict=True)
 def test_sklearn_estimator_checks(estimator, check):
     """At one thread: several checks compare float32 scores of a subset with the same rows scored in a

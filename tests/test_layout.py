@@ -29,13 +29,14 @@ def _bags(n=120, d=16, seed=0):
     return Features(torch.from_numpy(X), offsets, rng.integers(0, 30, n)), y
 
 
-@pytest.mark.parametrize("name", ["linear", "mlp", "mean_diff", "samil"])
+@pytest.mark.parametrize("name", ["linear", "mlp", "mean_diff", "samil", "ttpd", "spca", "ccs"])
 def test_state_dict_round_trip_restores_every_probe(name):
     overrides = {"linear": ["probe.cv_folds=2"], "mlp": ["probe.max_epochs=5", "probe.depth=2"],
-                 "mean_diff": [], "samil": ["probe.C=100"]}[name]
+                 "mean_diff": [], "samil": ["probe.C=100"], "ttpd": [], "spca": [], "ccs": ["probe.epochs=20"]}[name]
     cfg = compose_config("train_probe", f"probe={name}", "trainer.accelerator=cpu", *overrides)
     bags, y = _bags()
-    data = bags if name == "samil" else Features(bags.X[bags.offsets[1:] - 1], None, bags.groups)
+    rows = np.arange(len(y))   # statement 2i and its negation 2i + 1 (ttpd, ccs)
+    data = bags if name == "samil" else Features(bags.X[bags.offsets[1:] - 1], None, bags.groups, rows % 2 == 1, rows // 2)
     L.seed_everything(0, verbose=False)
     fitted = make_probe(cfg).fit(data, y)
     fresh = make_probe(cfg)

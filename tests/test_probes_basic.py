@@ -14,6 +14,7 @@ from probes.base import Features
 from probes.linear import LinearProbe
 from probes.mean_diff import MeanDiffProbe, within_class_ledoit_wolf
 from probes.mlp import MLPProbe
+from probes.spca import SupervisedPCAProbe
 
 
 
@@ -54,6 +55,7 @@ PROBES = {
     "mlp": lambda: MLPProbe(max_epochs=40, patience=5),
     "mean_diff": lambda: MeanDiffProbe(covariance="none"),
     "mean_diff_shrinkage": lambda: MeanDiffProbe(covariance="shrinkage"),
+    "spca": lambda: SupervisedPCAProbe(grid=(1, 10, 50)),   # (ttpd and ccs need polarity: tests/test_baselines.py)
 }
 
 
@@ -179,10 +181,12 @@ def test_mean_representation_recorded_and_bags_reduced(data):
 def test_hydra_configs_instantiate():
     from extract.config import compose_config
     from probes.pipeline import make_probe
+    from probes.ccs import CCSProbe
     from probes.samil import SAwMILProbe
+    from probes.ttpd import TTPDProbe
 
     expected = {"linear": LinearProbe, "mlp": MLPProbe, "mean_diff": MeanDiffProbe, "samil": SAwMILProbe,
-                "sawmil": SAwMILProbe}
+                "sawmil": SAwMILProbe, "ttpd": TTPDProbe, "spca": SupervisedPCAProbe, "ccs": CCSProbe}
     for name, cls in expected.items():
         probe = make_probe(compose_config("train_probe", f"probe={name}"))
         assert type(probe) is cls and probe.representation == ("bags" if cls is SAwMILProbe else "last")
@@ -194,7 +198,7 @@ def test_state_dict_round_trip(data):
     X, y, tr, te, train, test = data
     L.seed_everything(0, verbose=False)
     for make in (lambda: LinearProbe(C=1.0), lambda: MLPProbe(max_epochs=2, depth=2, hidden=32),
-                 lambda: MeanDiffProbe()):
+                 lambda: MeanDiffProbe(), lambda: SupervisedPCAProbe(grid=(1, 10))):
         fitted = make().fit(train, y[tr])
         fresh = make()
         fresh.load_state_dict(fitted.state_dict())
