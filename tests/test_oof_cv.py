@@ -102,7 +102,7 @@ def test_samil_heads_of_a_bank_share_their_statements_distinct_tokens(monkeypatc
     calls = []
     original = samil_probe.distinct_tokens
     monkeypatch.setattr(samil_probe, "distinct_tokens", lambda X, device=None: calls.append(len(X)) or original(X, device))
-    options = dict(Cs=(1.0, 100.0), accelerator="cpu")
+    options = dict(Cs=(1.0, 100.0), C_limits=None, accelerator="cpu")   # the grid as given: one pass of fits
     bank = HeadBank(SAwMILProbe(**options), features, labels, train, 3, seed=0, share_folds=True)
     heads = [bank.head(c) for c in (0, 1, 2)]
     assert len(calls) == len(bank.folds) + 1                 # not once per head
