@@ -65,6 +65,21 @@ def _git_state() -> tuple[str | None, bool | None]:
         return None, None
 
 
+def page_command() -> str:
+    """The running command as a results page prints it: every absolute path argument (`key=/abs/path` or a bare
+    `/abs/path`) replaced by a placeholder (`key=<key>`, `<path>`), so the page names no folder of the machine that
+    wrote it."""
+    words = []
+    for word in provenance()["command"]:
+        key, sep, value = word.partition("=")
+        if sep and value.startswith("/"):
+            word = f"{key}=<{key.split('.')[-1]}>"
+        elif word.startswith("/") and words:
+            word = "<path>"
+        words.append(word)
+    return " ".join(words)
+
+
 def page_stamp() -> str:
     """The provenance phrase of a generated page: `commit <short hash>[ (modified)], <UTC date and time> UTC`."""
     commit, dirty = _git_state()

@@ -60,7 +60,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.cells import CellError
-from evaluation.provenance import host, page_stamp, provenance
+from evaluation.provenance import host, page_command, page_stamp
 from experiments import plots
 from experiments.claims_neither import (best_row, control_claims, control_verdicts, interval_of, neither_claims,
                                        neither_verdicts)
@@ -302,7 +302,7 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
     if warning := holm_resolution_warning(n_boot, family):
         log.warning(warning)
 
-    stamp = f"{page_stamp()}, `{' '.join(provenance()['command'])}`, {host()}"
+    stamp = f"{page_stamp()}, `{page_command()}`, {host()}"
 
     def build(out: Path) -> None:
         colours = {m: f"C{i}" for i, m in enumerate(models)}

@@ -36,7 +36,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.cells import CellError
-from evaluation.provenance import host, page_stamp, provenance
+from evaluation.provenance import host, page_command, page_stamp
 from evaluation.tasks import TASKS
 from experiments.cross_model import load_study
 from experiments.ncb_report import load_stress
@@ -207,7 +207,7 @@ def ncb_study(cfg: DictConfig) -> Path:
     if o["run"]:
         study_steps(o)
     table = study_table(o)
-    stamp = f"{page_stamp()}, `{' '.join(provenance()['command'])}`, {host()}"
+    stamp = f"{page_stamp()}, `{page_command()}`, {host()}"
 
     robust = {(m, d): (robust_table(o["results_dir"], m, d, o["n_boot"]), clean_table(o["results_dir"], m, d, o["n_boot"]))
               for m in o["models"] for d in o["datapacks"]}
