@@ -136,7 +136,8 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
 
     text += ["## (c) Does sAwMIL beat the single-instance probes?", "",
              ("samil: ours; samil_reference: sAwMIL trained as the reference code trains it (conf/probe/"
-              "samil_reference.yaml). Each probe at its best calibration layer (best layers), and the rival at the "
+              "samil_reference.yaml; the claims study fits it only at the layers where samil, linear, mlp or mean_diff peak, "
+              "docs/claims_study.md). Each probe at its best calibration layer (best layers), and the rival at the "
               "samil's layer (same layer); paired cluster-bootstrap differences samil - other (95 % "
               "intervals) of: " + "; ".join(f"{label}: {ESTIMANDS[m]}" for m, label in C_METRICS.items()) + ". p: two-sided bootstrap "
               f"p raw / Holm-adjusted over the family of all the model's (datapack, task, rival) comparisons of that "

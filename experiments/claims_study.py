@@ -1,7 +1,7 @@
 """`python -m experiments.claims_study`: the paper's claims with their controls, as one resumable command, and
 the results page docs/results/claims/ they make.
 
-For every (model, datapack), each step runs one of the toolkit's entry points in a child process
+Each step, for every (model, datapack) before the next step, runs one of the toolkit's entry points in a child process
 (experiments.steps) and is skipped where its outputs exist, so a killed study resumes by rerunning the command
 (each job writes its own cells; finished ones are kept and reused bit for bit):
 
@@ -14,6 +14,9 @@ For every (model, datapack), each step runs one of the toolkit's entry points in
 4. nulls    `python -m train_probe -m probe=<p> shuffle_labels=true layer=<best> seed=0,..,<permutations - 1>`: each
             of `null_probes` refitted on permuted training labels at its best calibration layer of each task
             (experiments.tables.best_layers), one process per (probe, layer);
+5. at best  `python -m train_probe probe=<p> layer=<l>` for each of `best_layer_probes` (samil_reference: ~2
+            worker-minutes per task and layer, a day at every layer of the six stores) at the layers where the
+            probes of `best_layer_of` peak on a task (their best calibration layers): where claim (c) compares it;
 
 then the page, `experiments.cross_model` on those cells with page_dir=<out_dir> (claims.md, claims.csv, the depth
 figures; whole or not at all): rerunning the command on the same cells rewrites it byte for byte but for its
@@ -29,6 +32,7 @@ answer_help(__name__, "claims_study", ClaimsStudySchema)   # before the imports 
 import logging
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.tasks import TASKS
@@ -45,39 +49,71 @@ log = logging.getLogger(__name__)
 
 
 def study_steps(o: dict) -> None:
-    """Steps 1-4 of the module docstring for every (model, datapack), each in its own process."""
-    for model in o["models"]:
-        for datapack in o["datapacks"]:
-            common = [f"model={model}", f"data={datapack}", f"store_dir={o['store_dir']}"]
-            if not store_complete(store_path(o["store_dir"], model, datapack)):
-                run_step("extract", *common, *([] if o["limit"] is None else [f"limit={o['limit']}"]))  # resumes
-            cells = [f"results_dir={o['results_dir']}", f"n_boot={o['n_boot']}", f"split={o['split']['kind']}",
-                     f"split_seed={o['split_seed']}"]
-            tasks = f"tasks=[{','.join(o['tasks'])}]"
-            run_step("experiments.sweep", *common, *cells, tasks, f"probes=[{','.join(o['probes'])}]",
-                     f"workers={o['workers']}")
-            for kind in o["controls"]:
-                run_step("train_probe", *common, *cells, tasks, "probe=linear", f"features={kind}")
-            for probe, layer, todo in null_jobs(o, model, datapack):
-                run_step("train_probe", "-m", *common, *cells, f"tasks=[{','.join(todo)}]", f"probe={probe}",
-                         f"layer=[{layer}]", "shuffle_labels=true",
-                         f"seed={','.join(str(s) for s in range(o['permutations']))}")
+    """Steps 1-5 of the module docstring, each in its own process, one step for every (model, datapack) before the
+    next step: the sweeps first (what every claim needs), the costliest extras last."""
+    pairs = [(m, d) for m in o["models"] for d in o["datapacks"]]
+    cells = [f"results_dir={o['results_dir']}", f"n_boot={o['n_boot']}", f"split={o['split']['kind']}",
+             f"split_seed={o['split_seed']}"]
+    tasks = f"tasks=[{','.join(o['tasks'])}]"
+
+    def common(model, datapack):
+        return [f"model={model}", f"data={datapack}", f"store_dir={o['store_dir']}"]
+
+    for model, datapack in pairs:
+        if not store_complete(store_path(o["store_dir"], model, datapack)):
+            run_step("extract", *common(model, datapack), *([] if o["limit"] is None else [f"limit={o['limit']}"]))
+        run_step("experiments.sweep", *common(model, datapack), *cells, tasks, f"probes=[{','.join(o['probes'])}]",
+                 f"workers={o['workers']}")
+    for model, datapack in pairs:
+        for kind in o["controls"]:
+            run_step("train_probe", *common(model, datapack), *cells, tasks, "probe=linear", f"features={kind}")
+    for model, datapack in pairs:
+        for probe, layer, todo in null_jobs(o, model, datapack):
+            run_step("train_probe", "-m", *common(model, datapack), *cells, f"tasks=[{','.join(todo)}]",
+                     f"probe={probe}", f"layer=[{layer}]", "shuffle_labels=true",
+                     f"seed={','.join(str(s) for s in range(o['permutations']))}")
+    for model, datapack in pairs:
+        for probe, layer, todo in best_layer_jobs(o, model, datapack):
+            run_step("train_probe", *common(model, datapack), *cells, f"tasks=[{','.join(todo)}]", f"probe={probe}",
+                     f"layer={layer}")
+
+
+def swept_best(o: dict, model: str, datapack: str, probes: list[str]) -> tuple[pd.DataFrame, set]:
+    """(the best calibration layer of each of `probes` per task (experiments.tables.best_layers, layered cells
+    of the study's split), the (method, task, layer, seed) of every cell there)."""
+    cells = load_cells(o["results_dir"], model, datapack)
+    cells = cells[cells["split"] == o["split"]["kind"]]
+    best = best_layers(layer_table(cells[cells["probe"].isin(probes) & cells["layer"].notna()]))
+    return best, set(zip(cells["probe"], cells["task"], cells["layer"], cells["seed"]))
+
+
+def jobs_of(wanted: dict[tuple[str, int], set[str]]) -> list[tuple[str, int, list[str]]]:
+    """{(probe, layer): tasks} -> [(probe, layer, sorted tasks)], in a fixed order."""
+    return [(probe, layer, sorted(tasks)) for (probe, layer), tasks in sorted(wanted.items()) if tasks]
+
+
+def best_layer_jobs(o: dict, model: str, datapack: str) -> list[tuple[str, int, list[str]]]:
+    """The `best_layer_probes` jobs: (probe, layer, tasks) for each layer where one of `best_layer_of` peaks
+    on a task, where that probe's cell (seed 0) is not there yet."""
+    best, done = swept_best(o, model, datapack, [p for p in o["best_layer_of"] if p in o["probes"]])
+    wanted: dict[tuple[str, int], set[str]] = {}
+    for r in best.itertuples():
+        for probe in o["best_layer_probes"]:
+            if r.task in o["tasks"] and (probe, r.task, r.layer, 0) not in done:
+                wanted.setdefault((probe, int(r.layer)), set()).add(r.task)
+    return jobs_of(wanted)
 
 
 def null_jobs(o: dict, model: str, datapack: str) -> list[tuple[str, int, list[str]]]:
     """Step 4's jobs: (probe, its best calibration layer, the tasks best there) for each of `null_probes` swept
     whose shuffled-label cells at that layer are not all there yet."""
-    cells = load_cells(o["results_dir"], model, datapack)
-    cells = cells[cells["split"] == o["split"]["kind"]]
-    probes = [p for p in o["null_probes"] if p in o["probes"]]
-    best = best_layers(layer_table(cells[cells["probe"].isin(probes) & cells["layer"].notna()]))
-    done = set(zip(cells["probe"], cells["task"], cells["layer"], cells["seed"]))
-    jobs: dict[tuple[str, int], list[str]] = {}
+    best, done = swept_best(o, model, datapack, [p for p in o["null_probes"] if p in o["probes"]])
+    wanted: dict[tuple[str, int], set[str]] = {}
     for r in best.itertuples():
         if r.task in o["tasks"] and any((f"{r.probe}+shuffled", r.task, r.layer, s) not in done
                                         for s in range(o["permutations"])):
-            jobs.setdefault((r.probe, int(r.layer)), []).append(r.task)
-    return [(probe, layer, tasks) for (probe, layer), tasks in sorted(jobs.items())]
+            wanted.setdefault((r.probe, int(r.layer)), set()).add(r.task)
+    return jobs_of(wanted)
 
 
 def claims_study(cfg: DictConfig) -> Path:
@@ -86,6 +122,8 @@ def claims_study(cfg: DictConfig) -> Path:
                                                "workers": "a whole number >= 1", "n_boot": "a whole number >= 1",
                                                "controls": "a list, e.g. [text,surprisal]",
                                                "null_probes": "a list, e.g. [linear]",
+                                               "best_layer_probes": "a list, e.g. [samil_reference]",
+                                               "best_layer_of": "a list, e.g. [samil,linear]",
                                                "permutations": "a whole number >= 0",
                                                "page_n_boot": "a whole number >= 1"})
     for key in ("workers", "n_boot", "page_n_boot"):
@@ -94,9 +132,10 @@ def claims_study(cfg: DictConfig) -> Path:
         raise ToolkitError(f"permutations={o['permutations']}: give a whole number >= 0 (0: no shuffled-label nulls)")
     if any(c not in ("text", "surprisal") for c in o["controls"]):
         raise ToolkitError(f"controls={o['controls']}: give any of [text, surprisal] (or [] for none)")
-    for key, group in (("models", "model"), ("datapacks", "data"), ("probes", "probe"), ("null_probes", "probe")):
+    for key, group in (("models", "model"), ("datapacks", "data"), ("probes", "probe"), ("null_probes", "probe"),
+                       ("best_layer_probes", "probe"), ("best_layer_of", "probe")):
         known = sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml"))
-        if not o[key] or any(name not in known for name in o[key]):
+        if (not o[key] and key != "best_layer_probes") or any(name not in known for name in o[key]):
             raise ToolkitError(f"{key}={o[key]}: give one or more of {known}")
     if not o["tasks"] or any(t not in TASKS for t in o["tasks"]):
         raise ToolkitError(f"tasks={o['tasks']}: give one or more of {', '.join(TASKS)}")

@@ -96,8 +96,12 @@ class ClaimsStudySchema:
     """`python -m experiments.claims_study`'s options (conf/claims_study.yaml)."""
     models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
     datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
-    probes: list[str] = option(["samil", "samil_reference", "linear", "mlp", "mean_diff", "random_direction"],
+    probes: list[str] = option(["samil", "linear", "mlp", "mean_diff", "random_direction"],
                                "the probes and probe-like controls swept at every stored layer")
+    best_layer_probes: list[str] = option(["samil_reference"], "probes fitted only at the layers where one of "
+                                          "`best_layer_of` peaks on a task ([]: none)")
+    best_layer_of: list[str] = option(["samil", "linear", "mlp", "mean_diff"], "the swept probes whose best "
+                                      "calibration layers the `best_layer_probes` are fitted at (those of `probes`)")
     tasks: list[str] = option(["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"],
                               "the tasks of every sweep job (heads shared within a layer)")
     null_probes: list[str] = option(["samil", "linear", "mlp", "mean_diff"], "the probes refitted on shuffled labels "

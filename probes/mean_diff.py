@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import Probe, check_choice, resolve_device, standardiser
+from probes.base import DirectionProbe, check_choice, resolve_device, standardiser
 from probes.features import Features, statement_vectors
 
 __all__ = ["MeanDiffProbe", "within_class_ledoit_wolf"]
@@ -48,7 +48,7 @@ def within_class_ledoit_wolf(X: torch.Tensor, y) -> tuple[torch.Tensor, float]:
     return Sigma, a
 
 
-class MeanDiffProbe(Probe):
+class MeanDiffProbe(DirectionProbe):
     """Class-mean-difference direction, optionally whitened by a shrunk within-class covariance.
 
     Args:
@@ -115,17 +115,3 @@ class MeanDiffProbe(Probe):
             if int(info) == 0:
                 return torch.cholesky_solve(rhs[:, None], L)[:, 0]
         return torch.linalg.lstsq(Sigma, rhs[:, None]).solution[:, 0]
-
-    @torch.no_grad()
-    def _decision(self, data: Features) -> np.ndarray:
-        X = statement_vectors(data, self.representation).to(self.direction.device)
-        return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
-
-    @property
-    def coef_(self) -> np.ndarray:
-        """float [d]: decision = X @ coef_ + intercept_."""
-        return self.direction.double().cpu().numpy()
-
-    @property
-    def intercept_(self) -> float:
-        return float(self.threshold)

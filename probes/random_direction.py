@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import Probe, check_positive, resolve_device, standardiser
+from probes.base import DirectionProbe, check_positive, resolve_device, standardiser
 from probes.features import Features, statement_vectors
 
 __all__ = ["RandomDirectionProbe"]
 
 
-class RandomDirectionProbe(Probe):
+class RandomDirectionProbe(DirectionProbe):
     """A random direction, oriented and thresholded on the training rows.
 
     Args:
@@ -63,17 +63,3 @@ class RandomDirectionProbe(Probe):
         self._params = {"seed": self.seed, "representation": self.representation,
                         "separation": round(float(u @ (mu1 - mu0)), 8)}
         return self
-
-    @torch.no_grad()
-    def _decision(self, data: Features) -> np.ndarray:
-        X = statement_vectors(data, self.representation).to(self.direction.device)
-        return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
-
-    @property
-    def coef_(self) -> np.ndarray:
-        """float [d]: decision = X @ coef_ + intercept_."""
-        return self.direction.double().cpu().numpy()
-
-    @property
-    def intercept_(self) -> float:
-        return float(self.threshold)

@@ -29,7 +29,8 @@ from sklearn.covariance import oas
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
-from probes.base import Probe, ProbeError, check_choice, check_positive, draw_seed, kfold_splits, resolve_device, standardiser
+from probes.base import (DirectionProbe, ProbeError, check_choice, check_positive, draw_seed, kfold_splits,
+                         resolve_device, standardiser)
 from probes.features import Features, statement_vectors
 
 __all__ = ["SupervisedPCAProbe", "spca_basis"]
@@ -61,7 +62,7 @@ def _classifier(U: np.ndarray, y: np.ndarray, C: float, max_iter: int) -> Logist
     return LogisticRegression(C=float(C), max_iter=max_iter).fit(U, y)
 
 
-class SupervisedPCAProbe(Probe):
+class SupervisedPCAProbe(DirectionProbe):
     """Supervised PCA: logistic regression on the k leading whitened components of M = S_w + S_b.
 
     Args:
@@ -154,17 +155,3 @@ class SupervisedPCAProbe(Probe):
         best = int(np.nanargmax(mean))
         chosen = next(k for k, m in zip(ks, mean) if m >= mean[best] - se[best])
         return chosen, ks, [round(float(m), 6) for m in mean], held
-
-    @torch.no_grad()
-    def _decision(self, data: Features) -> np.ndarray:
-        X = statement_vectors(data, self.representation).to(self.direction.device)
-        return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
-
-    @property
-    def coef_(self) -> np.ndarray:
-        """float [d]: decision = X @ coef_ + intercept_."""
-        return self.direction.double().cpu().numpy()
-
-    @property
-    def intercept_(self) -> float:
-        return float(self.threshold)

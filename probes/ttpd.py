@@ -26,7 +26,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from probes.base import Probe, ProbeError, check_positive, resolve_device, standardiser
+from probes.base import DirectionProbe, ProbeError, check_positive, resolve_device, standardiser
 from probes.features import Features, statement_vectors
 
 __all__ = ["TTPDProbe", "truth_directions"]
@@ -55,7 +55,7 @@ def _logistic(X: np.ndarray, y: np.ndarray, C: float | None, max_iter: int) -> t
     return model.coef_[0], float(model.intercept_[0]), converged, int(model.n_iter_[0])
 
 
-class TTPDProbe(Probe):
+class TTPDProbe(DirectionProbe):
     """TTPD: logistic regression on the projection onto the general truth direction and the polarity direction.
 
     Args:
@@ -121,17 +121,3 @@ class TTPDProbe(Probe):
                         "n_affirmative": int((~negated).sum()), "projection_weights": [round(float(v), 8) for v in a],
                         "polarity_converged": bool(polarity_converged), "converged": bool(converged)}
         return self
-
-    @torch.no_grad()
-    def _decision(self, data: Features) -> np.ndarray:
-        X = statement_vectors(data, self.representation).to(self.direction.device)
-        return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
-
-    @property
-    def coef_(self) -> np.ndarray:
-        """float [d]: decision = X @ coef_ + intercept_."""
-        return self.direction.double().cpu().numpy()
-
-    @property
-    def intercept_(self) -> float:
-        return float(self.threshold)

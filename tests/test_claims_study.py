@@ -1,5 +1,5 @@
 """`python -m experiments.claims_study` end to end on the tiny model: store, sweep, the text and surprisal
-controls, shuffled-label nulls at each probe's best layer, the page; a rerun skips every step and rewrites the
+controls, shuffled-label nulls at each probe's best layer, a probe fitted only at those layers, the page; a rerun skips every step and rewrites the
 page identically but for its provenance line; a study killed mid-sweep resumes to the same cells; bad options
 are one line."""
 from __future__ import annotations
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 def _args(root: Path, results: str, page: str) -> list[str]:
     return ["models=[tiny]", "datapacks=[city_locations]", "probes=[mean_diff,random_direction]",
+            "best_layer_probes=[linear]", "best_layer_of=[mean_diff]",
             "tasks=[neither_vs_all,multiclass]", "controls=[text,surprisal]", "permutations=2", "limit=240",
             "workers=1", "n_boot=50", "page_n_boot=50", f"store_dir={root / 'activations'}",
             f"results_dir={root / results}", f"reports_dir={root / 'reports'}", f"out_dir={root / page}"]
@@ -34,8 +35,12 @@ def test_the_study_runs_resumes_and_rewrites_its_page(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     cells = _cells(tmp_path / "results")
     methods = {key.split("/")[2] for key in cells}
-    assert methods == {"mean_diff", "random_direction", "linear+text", "linear+surprisal", "mean_diff+shuffled"}
+    assert methods == {"mean_diff", "random_direction", "linear", "linear+text", "linear+surprisal",
+                       "mean_diff+shuffled"}
     assert sum("mean_diff+shuffled" in k for k in cells) == 2 * 2          # two tasks x two permutations
+    at = {method: {(c["config"]["task"]["name"], c["layer"]) for k, c in cells.items() if k.split("/")[2] == method}
+          for method in ("linear", "mean_diff+shuffled")}
+    assert at["linear"] == at["mean_diff+shuffled"]            # fitted only at mean_diff's best layer of each task
     md = (tmp_path / "page1" / "claims.md").read_text()
     assert "linear+text (control)" in md and "linear+surprisal (control)" in md and "**tiny / city_locations**" in md
 
@@ -67,7 +72,8 @@ def test_the_study_runs_resumes_and_rewrites_its_page(tmp_path):
 
 @pytest.mark.parametrize("option, needle", [("permutations=-1", "permutations=-1"),
                                             ("controls=[pixels]", "controls=['pixels']"),
-                                            ("probes=[nothing]", "probes=['nothing']")])
+                                            ("probes=[nothing]", "probes=['nothing']"),
+                                            ("best_layer_probes=[nothing]", "best_layer_probes=['nothing']")])
 def test_bad_options_are_one_line(tmp_path, option, needle):
     result = run_module("experiments.claims_study", *_args(tmp_path, "results", "page"), option, cwd=tmp_path)
     assert_one_error_line(result, needle)
