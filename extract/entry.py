@@ -23,6 +23,7 @@ COMMANDS = {   # truthprobe <command> -> the module `python -m` runs, and what i
     "zero-shot": ("zero_shot", "the paper's prompting baseline -> result cells"),
     "truthfulqa": ("truthfulqa", "TruthfulQA: likelihood MC1 / MC2 (the harness's), verification, generation judged"),
     "ncb": ("ncb", "belief robustness: neighbourhood consistency and stress contexts"),
+    "intervene": ("intervene", "push along a probe's direction: does the model's answer move beyond random ones?"),
     "report": ("experiments.report", "per-layer tables and figures from result cells"),
     "transfer": ("experiments.transfer", "transfer matrix of the best probes across datapacks"),
     "cross-model": ("experiments.cross_model", "the paper's claims across models"),
@@ -38,7 +39,7 @@ SCHEMAS = {   # conf/<name>.yaml -> the schema its entry point checks before any
     "truthfulqa": "truthfulqa.schema:TruthfulQASchema", "ncb": "ncb.schema:NCBSchema",
     "report": "experiments.schema:ReportSchema", "transfer": "experiments.schema:TransferSchema",
     "cross_model": "experiments.schema:CrossModelSchema", "ncb_study": "experiments.schema:NCBStudySchema",
-    "claims_study": "experiments.schema:ClaimsStudySchema",
+    "claims_study": "experiments.schema:ClaimsStudySchema", "intervene": "intervene.schema:InterveneSchema",
 }
 
 

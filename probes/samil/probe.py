@@ -216,6 +216,15 @@ class SAwMILProbe(Probe):
         scores = matvec((data.X - self.mean) / self.std, self.coef) + float(self.intercept)   # [T]
         return segment_max(scores, data.offsets, empty=float(self.intercept)).numpy()
 
+    @property
+    def coef_(self) -> np.ndarray:
+        """float [d]: a token's score = x @ coef_ + intercept_ (raw coordinates; a bag's is the max of its tokens')."""
+        return (self.coef.double() / self.std.double()).cpu().numpy()
+
+    @property
+    def intercept_(self) -> float:
+        return float(self.intercept) - float((self.mean.double() / self.std.double()) @ self.coef.double())
+
 
 def capped_bags(data: Features, y: np.ndarray, max_bag_size: int | None, k: int, limit: int | None,
                 seed: int) -> tuple[Features, np.ndarray]:
