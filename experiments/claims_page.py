@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.compare import ESTIMANDS
-from experiments.tables import ALPHA, p_text
+from experiments.tables import ALPHA, markdown_table, p_text
 
 C_METRICS = {"mcc": "MCC accepted rows", "wmcc": "W-MCC", "mcc_all": "MCC no abstention",
              "auroc": "AUROC"}   # claim (c)'s estimands
@@ -24,11 +24,6 @@ def _ci(r: pd.Series, prefix: str, signed: bool = False, layer: str | None = Non
     f = "{:+.3f}" if signed else "{:.3f}"
     text = f"{f.format(r[prefix])} [{f.format(r[f'{prefix}_lo'])}, {f.format(r[f'{prefix}_hi'])}]"
     return text if layer is None else f"{text} L{int(r[layer])}"
-
-
-def _table(header: list[str], lines: list[list[str]]) -> str:
-    rows = [header, ["---"] * len(header), *lines]
-    return "\n".join("| " + " | ".join(str(x) for x in row) + " |" for row in rows) + "\n"
 
 
 def _flag(value) -> str:
@@ -48,7 +43,7 @@ def coverage_markdown(study: dict, stamp: str, figures: list[str]) -> list[str]:
             "this page, `claims.csv` and the figures; only this line changes.", "",
             "What was swept (layers: how many of the stored layers each probe was fitted at; every layer chosen "
             "below is the best on the calibration split, which is entity-disjoint from test):", "",
-            _table(["model", "datapack", "stored layers", "probe: layers swept (tasks)"], lines),
+            markdown_table(["model", "datapack", "stored layers", "probe: layers swept (tasks)"], lines),
             *(f"![{f}]({f})\n" for f in figures)]
 
 
@@ -71,7 +66,7 @@ def _control_markdown(versus: pd.DataFrame | None, verdicts: pd.DataFrame | None
               r.get("verdict_delta_mcc_all", "-"),
               _ci(r, "delta_recall", signed=True, layer="multiclass_layer"), p_text(r, "delta_recall"),
               r.get("verdict_delta_recall", "-")] for _, r in versus.iterrows()]
-    return [*text, "", _table(["model", "datapack", "probe", "control", "neither_vs_all MCC difference (probe layer)",
+    return [*text, "", markdown_table(["model", "datapack", "probe", "control", "neither_vs_all MCC difference (probe layer)",
                                "p / Holm", "verdict", "neither recall difference (probe layer)", "p / Holm",
                                "verdict"], lines)]
 
@@ -114,7 +109,7 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
                       f"{r['layer']} ({r['depth']:.2f}, Q{r['quarter']})", *quarters, peak,
                       _ci(r, "q3_vs_rest_mcc", signed=True), p_text(r, "q3_vs_rest_mcc"),
                       f"{r['first_layer_mcc']:.3f} L{r['first_layer']}", shuffled, _flag(r["flag"])])
-    text += ["", _table(["model", "datapack", "probe", "task", "layers swept", "best layer (depth, quarter)", "Q1 MCC",
+    text += ["", markdown_table(["model", "datapack", "probe", "task", "layers swept", "best layer (depth, quarter)", "Q1 MCC",
                          "Q2 MCC", "Q3 MCC", "Q4 MCC", "peak in Q3", "Q3 - rest MCC", "p / Holm", "first layer MCC",
                          "shuffled MCC (permutations)", "flag"], lines)]
 
@@ -130,7 +125,7 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
               _ci(r, "neither_vs_all_mcc", layer=None if pd.isna(r.get("neither_vs_all_layer")) else
                   "neither_vs_all_layer"), _flag(r["flag"])]
              for _, r in neither.iterrows()]
-    text += [_table(["model", "datapack", "probe", "multiclass layer (depth)", "neither recall", "abstained",
+    text += [markdown_table(["model", "datapack", "probe", "multiclass layer (depth)", "neither recall", "abstained",
                      "misclassified: false", "misclassified: true", "n neither (as false / true / abstained)",
                      "neither_vs_all MCC", "flag"], lines)]
 
@@ -154,7 +149,7 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
                                                " / ".join(VERDICTS[r[f"verdict_{m}_{k}"]] for k in ("raw", "holm")))),
               f"{r['p_mcnemar']:.3g}", _flag(r["samil_flag"]) + " / " + _flag(r["other_flag"])]
              for _, r in samil.iterrows()]
-    text += ["", _table(["model", "datapack", "task", "samil", "vs", "at", "layers (samil / other)",
+    text += ["", markdown_table(["model", "datapack", "task", "samil", "vs", "at", "layers (samil / other)",
                          *(x for label in C_METRICS.values()
                            for x in (f"{label} difference", "p / Holm", "verdict (raw / Holm)")),
                          "p (McNemar)", "flag (samil / other)"], lines)]

@@ -122,3 +122,25 @@ class ClaimsStudySchema:
     results_dir: str = option("results", "the cells: <results_dir>/<model>/<datapack>/...")
     reports_dir: str = option("reports", "also <reports_dir>/cross_model/")
     out_dir: str = option("docs/results/claims", "the page: <out_dir>/claims.md, claims.csv and the figures")
+
+
+@dataclass
+class InterventionsSchema:
+    """`python -m experiments.interventions`'s options (conf/interventions.yaml)."""
+    models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
+    datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
+    probes: list[str] = option(["linear", "mean_diff", "samil"], "the probes steered, each at its best calibration "
+                               "layer per task")
+    tasks: list[str] = option(["true_vs_false", "true_vs_all"], "binary tasks whose best-layer cells are steered")
+    split: SplitChoice = field(default_factory=SplitChoice)
+    split_seed: int = option(0, _SPLIT_SEED)
+    n_statements: int = option(100, "test statements (and contrast pairs) steered per cell")
+    n_random: int = option(10, "random directions of the same push norm per cell")
+    alphas: list[float] = option([-8.0, -4.0, 0.0, 4.0, 8.0], "push sizes in sd of the probe's projection (0 required)")
+    at: str = option("statement", "steered positions: statement | last")
+    n_boot: int = option(1000, "bootstrap resamples of the intervals")
+    run: bool = option(True, "false: only the page, from the intervention files already there")
+    store_dir: str = option("activations", "the stores <store_dir>/<model>/<datapack>.h5 the probes were fitted on")
+    results_dir: str = option("results", "cells and intervention files: <results_dir>/<model>/<datapack>/...")
+    out_dir: str = option("docs/results/interventions", "the page: <out_dir>/index.md, interventions.csv and the "
+                          "dose-response figures (whole or not at all)")

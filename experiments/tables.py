@@ -194,6 +194,12 @@ def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def markdown_table(header: list[str], lines: list[list]) -> str:
+    """A Markdown table of `lines` under `header` (values as str)."""
+    rows = [header, ["---"] * len(header), *lines]
+    return "\n".join("| " + " | ".join(str(x) for x in row) + " |" for row in rows) + "\n"
+
+
 def best_layers(table: pd.DataFrame) -> pd.DataFrame:
     """Per (probe, task, split): the layer with the highest calibration MCC (zero-shot rows excluded)."""
     probes = table[table["layer"].notna()]

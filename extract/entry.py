@@ -28,6 +28,8 @@ COMMANDS = {   # truthprobe <command> -> the module `python -m` runs, and what i
     "transfer": ("experiments.transfer", "transfer matrix of the best probes across datapacks"),
     "cross-model": ("experiments.cross_model", "the paper's claims across models"),
     "claims-study": ("experiments.claims_study", "the paper's claims with their controls -> docs/results/claims/"),
+    "interventions": ("experiments.interventions", "python -m intervene on every best-layer probe -> "
+                      "docs/results/interventions/"),
     "ncb-study": ("experiments.ncb_study", "NCB stress tests across models and datapacks -> docs/results/ncb/"),
     "compare": ("experiments.compare", "paired comparison of two result cells"),
     "sweep": ("experiments.sweep", "every (probe, layer) job of a model on a pool of workers"),
@@ -40,6 +42,7 @@ SCHEMAS = {   # conf/<name>.yaml -> the schema its entry point checks before any
     "report": "experiments.schema:ReportSchema", "transfer": "experiments.schema:TransferSchema",
     "cross_model": "experiments.schema:CrossModelSchema", "ncb_study": "experiments.schema:NCBStudySchema",
     "claims_study": "experiments.schema:ClaimsStudySchema", "intervene": "intervene.schema:InterveneSchema",
+    "interventions": "experiments.schema:InterventionsSchema",
 }
 
 

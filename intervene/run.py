@@ -244,8 +244,8 @@ def effects(values: np.ndarray, names: list[str], alphas: list[float], groups: n
     if "probe_orthogonal" in names:
         out["did_orthogonal"] = summary(names.index("probe_orthogonal"))
     lo, hi = out["did"]["slope_ci"]
-    out["verdict"] = ("moves it toward class 1 beyond random directions" if lo > 0 else
-                      "moves it away from class 1 beyond random directions" if hi < 0 else
+    out["verdict"] = ("moves the answer toward the probe's class beyond random directions" if lo > 0 else
+                      "moves the answer away from the probe's class beyond random directions" if hi < 0 else
                       "no effect beyond random directions")
     return out
 
