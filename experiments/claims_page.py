@@ -76,9 +76,24 @@ def _model_label(cells: pd.DataFrame) -> str | None:
     return json.loads(Path(cells["path"].iloc[0]).read_text()).get("store", {}).get("model_label")
 
 
+def _versus_table(rows: pd.DataFrame, what: str) -> str:
+    """Claim (c)'s table (experiments.cross_model.samil_claims rows after samil_verdicts), `what` naming the
+    challenger's column (samil, baseline)."""
+    lines = [[r["model"], r["datapack"], r["task"], r["samil"], r["versus"], r["at"],
+              f"{r['samil_layer']} / {r['other_layer']}",
+              *(x for m in C_METRICS for x in (_ci(r, f"delta_{m}", signed=True), p_text(r, f"delta_{m}"),
+                                               " / ".join(VERDICTS[r[f"verdict_{m}_{k}"]] for k in ("raw", "holm")))),
+              f"{r['p_mcnemar']:.3g}", _flag(r["samil_flag"]) + " / " + _flag(r["other_flag"])]
+             for _, r in rows.iterrows()]
+    return markdown_table(["model", "datapack", "task", what, "vs", "at", f"layers ({what} / other)",
+                           *(x for label in C_METRICS.values()
+                             for x in (f"{label} difference", "p / Holm", "verdict (raw / Holm)")),
+                           "p (McNemar)", f"flag ({what} / other)"], lines)
+
+
 def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.DataFrame, samil: pd.DataFrame,
                     samil_counts: pd.DataFrame, head: list[str] = (), versus: pd.DataFrame | None = None,
-                    verdicts: pd.DataFrame | None = None) -> str:
+                    verdicts: pd.DataFrame | None = None, baselines: pd.DataFrame | None = None) -> str:
     """claims.md: `head` (coverage_markdown), then one section per claim, summary lines first, then a table;
     claim (b) with its controls (`versus`, `verdicts`: experiments.cross_model.control_claims / neither_verdicts)."""
     text = [*head, "## (a) Does the signal concentrate in the third quarter of depth?", "",
@@ -143,14 +158,12 @@ def claims_markdown(depth: pd.DataFrame, summary: pd.DataFrame, neither: pd.Data
                            f"better in {s[f'n_samil_better_raw_{m}']} / {s[f'n_samil_better_holm_{m}']}"
                            for m, label in C_METRICS.items())
         text.append(f"- **{s['model']}**, {s['samil']}, of {s['n_comparisons']} comparisons: {counts}.")
-    lines = [[r["model"], r["datapack"], r["task"], r["samil"], r["versus"], r["at"],
-              f"{r['samil_layer']} / {r['other_layer']}",
-              *(x for m in C_METRICS for x in (_ci(r, f"delta_{m}", signed=True), p_text(r, f"delta_{m}"),
-                                               " / ".join(VERDICTS[r[f"verdict_{m}_{k}"]] for k in ("raw", "holm")))),
-              f"{r['p_mcnemar']:.3g}", _flag(r["samil_flag"]) + " / " + _flag(r["other_flag"])]
-             for _, r in samil.iterrows()]
-    text += ["", markdown_table(["model", "datapack", "task", "samil", "vs", "at", "layers (samil / other)",
-                         *(x for label in C_METRICS.values()
-                           for x in (f"{label} difference", "p / Holm", "verdict (raw / Holm)")),
-                         "p (McNemar)", "flag (samil / other)"], lines)]
+    text += ["", _versus_table(samil, "samil")]
+    if baselines is not None and not baselines.empty:
+        text += ["## The reference's baselines against the single-instance probes", "",
+                 ("TTPD, supervised PCA and CCS (probes/ttpd.py, spca.py, ccs.py; CCS only where it applies: true_vs_false "
+                  "and the true / false one-vs-all heads), fitted by the claims study at the layers where samil, linear, mlp "
+                  "or mean_diff peak; each at its best of those layers, compared as in (c): baseline - other, Holm over the "
+                  "model's baseline comparisons of each metric; better / worse = the baseline's."), "",
+                 _versus_table(baselines, "baseline")]
     return "\n".join(text)

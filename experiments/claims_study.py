@@ -14,9 +14,10 @@ Each step, for every (model, datapack) before the next step, runs one of the too
 4. nulls    `python -m train_probe -m probe=<p> shuffle_labels=true layer=<best> seed=0,..,<permutations - 1>`: each
             of `null_probes` refitted on permuted training labels at its best calibration layer of each task
             (experiments.tables.best_layers), one process per (probe, layer);
-5. at best  `python -m train_probe probe=<p> layer=<l>` for each of `best_layer_probes` (samil_reference: ~2
-            worker-minutes per task and layer, a day at every layer of the six stores) at the layers where the
-            probes of `best_layer_of` peak on a task (their best calibration layers): where claim (c) compares it;
+5. at best  `python -m train_probe probe=<p> layer=<l>` for each of `best_layer_probes` (the reference's
+            baselines ttpd, spca, ccs, then samil_reference: ~2 worker-minutes per task and layer, a day at every
+            layer of the six stores) at the layers where the probes of `best_layer_of` peak on a task (their best
+            calibration layers; only the tasks each can fit): where claim (c) and the baselines' table compare them;
 
 then the page, `experiments.cross_model` on those cells with page_dir=<out_dir> (claims.md, claims.csv, the depth
 figures; whole or not at all): rerunning the command on the same cells rewrites it byte for byte but for its
@@ -33,7 +34,7 @@ import logging
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from evaluation.tasks import TASKS
 from experiments.cross_model import write_cross_model
@@ -44,6 +45,7 @@ from extract.entry import entry_main
 from extract.errors import ToolkitError, check_count
 from extract.schema import check_writable, typed_options
 from extract.store import store_path
+from probes.artifacts import build_probe
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +89,36 @@ def swept_best(o: dict, model: str, datapack: str, probes: list[str]) -> tuple[p
     return best, set(zip(cells["probe"], cells["task"], cells["layer"], cells["seed"]))
 
 
-def jobs_of(wanted: dict[tuple[str, int], set[str]]) -> list[tuple[str, int, list[str]]]:
-    """{(probe, layer): tasks} -> [(probe, layer, sorted tasks)], in a fixed order."""
-    return [(probe, layer, sorted(tasks)) for (probe, layer), tasks in sorted(wanted.items()) if tasks]
+def jobs_of(wanted: dict[tuple[str, int], set[str]], order: list[str] | None = None) -> list[tuple[str, int, list[str]]]:
+    """{(probe, layer): tasks} -> [(probe, layer, sorted tasks)], by the probes' place in `order` (else by name),
+    then layer."""
+    rank = {p: i for i, p in enumerate(order or [])}
+    return [(probe, layer, sorted(tasks)) for (probe, layer), tasks in
+            sorted(wanted.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0][0], kv[0][1])) if tasks]
+
+
+def probe_tasks(probe: str) -> tuple[str, ...] | None:
+    """The tasks conf/probe/<probe>.yaml's probe class can fit (Probe.supported_tasks; None: every task); its
+    `_target_` is the file's own or that of the first file in its `defaults` (read here: a study runs inside Hydra,
+    which cannot compose a second config)."""
+    spec = OmegaConf.load(CONF_DIR / "probe" / f"{probe}.yaml")
+    while "_target_" not in spec and spec.get("defaults"):
+        spec = OmegaConf.load(CONF_DIR / "probe" / f"{next(d for d in spec.defaults if d != '_self_')}.yaml")
+    return build_probe({"_target_": spec.get("_target_", "")}).supported_tasks
 
 
 def best_layer_jobs(o: dict, model: str, datapack: str) -> list[tuple[str, int, list[str]]]:
     """The `best_layer_probes` jobs: (probe, layer, tasks) for each layer where one of `best_layer_of` peaks
-    on a task, where that probe's cell (seed 0) is not there yet."""
+    on a task (one the probe can fit: Probe.supported_tasks), where that probe's cell (seed 0) is not there yet;
+    in the order of `best_layer_probes`."""
     best, done = swept_best(o, model, datapack, [p for p in o["best_layer_of"] if p in o["probes"]])
     wanted: dict[tuple[str, int], set[str]] = {}
-    for r in best.itertuples():
-        for probe in o["best_layer_probes"]:
-            if r.task in o["tasks"] and (probe, r.task, r.layer, 0) not in done:
+    for probe in o["best_layer_probes"]:
+        tasks = probe_tasks(probe)
+        for r in best.itertuples():
+            if r.task in o["tasks"] and (tasks is None or r.task in tasks) and (probe, r.task, r.layer, 0) not in done:
                 wanted.setdefault((probe, int(r.layer)), set()).add(r.task)
-    return jobs_of(wanted)
+    return jobs_of(wanted, o["best_layer_probes"])
 
 
 def null_jobs(o: dict, model: str, datapack: str) -> list[tuple[str, int, list[str]]]:

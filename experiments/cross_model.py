@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 QUARTER_EDGES = (0.25, 0.5, 0.75)
 SINGLE_INSTANCE = ("linear", "mlp", "mean_diff")
 MIL_PROBES = ("samil", "samil_reference")   # claim (c): ours and the reference code's procedure
+BASELINES = ("ttpd", "spca", "ccs")          # the reference's baselines, compared like claim (c)'s sAwMILs
 CONTROLS = ("text", "surprisal", "shuffled")   # controls with their own cells (random_direction is swept as a probe)
 
 
@@ -220,14 +221,15 @@ def verdict(diff: float, significant) -> str:
     return "no significant difference" if not significant else "samil better" if diff > 0 else "samil worse"
 
 
-def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataFrame, n_boot: int) -> list[dict]:
-    """Claim (c) rows of one (model, datapack): each sAwMIL (MIL_PROBES: ours, the reference's procedure) against
-    each single-instance probe, per task, at each probe's own best calibration layer (`at`: "best layers") and with
-    the rival at the samil's layer ("same layer")."""
+def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataFrame, n_boot: int,
+                 challengers: tuple[str, ...] = MIL_PROBES, claim: str = "c") -> list[dict]:
+    """Claim (c) rows of one (model, datapack): each of `challengers` (MIL_PROBES: ours, the reference's procedure;
+    or BASELINES, rows of `claim` "baselines") against each single-instance probe, per task, at each probe's own
+    best calibration layer (`at`: "best layers") and with the rival at the challenger's layer ("same layer")."""
     best = {(r["probe"], r["task"]): r for _, r in best_layers(table).iterrows()}
     rows = []
     for task in sorted(table["task"].unique()):
-        for mil in MIL_PROBES:
+        for mil in challengers:
             if (mil, task) not in best:
                 log.info("%s / %s / %s: no %s cells, left out of claim (c)", model, datapack, task, mil)
                 continue
@@ -238,7 +240,7 @@ def samil_claims(model: str, datapack: str, cells: pd.DataFrame, table: pd.DataF
                     if rival is None:
                         continue
                     result = compare_cells(cell_of(cells, samil), cell_of(cells, rival), n_boot=n_boot)
-                    row = {"claim": "c", "model": model, "datapack": datapack, "task": task, "samil": mil,
+                    row = {"claim": claim, "model": model, "datapack": datapack, "task": task, "samil": mil,
                            "versus": other, "at": at, "samil_layer": int(samil["layer"]),
                            "other_layer": int(rival["layer"]), "samil_flag": samil["flag"],
                            "other_flag": rival["flag"], "p_mcnemar": result["mcnemar"]["p_value"],
@@ -284,13 +286,15 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
     (tables.publish)."""
     models, datapacks = list(models), list(datapacks)
     study = load_study(results_dir, models, datapacks, split)
-    parts = {"a": [], "b": [], "c": [], "versus": []}
+    parts = {"a": [], "b": [], "c": [], "versus": [], "baselines": []}
     for (model, datapack), (cells, table) in study.items():
         parts["a"] += depth_claims(model, datapack, cells, table, n_boot)
         parts["b"] += neither_claims(model, datapack, cells, table, n_boot)
         parts["versus"] += control_claims(model, datapack, cells, table, n_boot)
         parts["c"] += samil_claims(model, datapack, cells, table, n_boot)
+        parts["baselines"] += samil_claims(model, datapack, cells, table, n_boot, BASELINES, "baselines")
     depth, neither, samil, versus = (pd.DataFrame(parts[k]) for k in ("a", "b", "c", "versus"))
+    baselines = samil_verdicts(pd.DataFrame(parts["baselines"]))
     versus = control_verdicts(versus)
     verdicts = pd.DataFrame(neither_verdicts(versus))
     depth = with_holm(depth, "q3_vs_rest_mcc", ["model"])
@@ -314,10 +318,12 @@ def write_cross_model(results_dir: Path, reports_dir: Path, models: list[str], d
                 plots.depth_figure(tables, colours, QUARTER_EDGES[1:], out / figures[-1], f"{datapack} ({split})")
             else:
                 log.info("no model has cells for %s: no depth_%s.png", datapack, datapack)
-        claims = pd.concat([depth, summary, neither, versus, verdicts, samil, samil_counts], ignore_index=True)
+        claims = pd.concat([depth, summary, neither, versus, verdicts, samil, samil_counts, baselines],
+                           ignore_index=True)
         claims.to_csv(out / "claims.csv", index=False)
         (out / "claims.md").write_text(claims_markdown(depth, summary, neither, samil, samil_counts,
-                                                       coverage_markdown(study, stamp, figures), versus, verdicts))
+                                                       coverage_markdown(study, stamp, figures), versus, verdicts,
+                                                       baselines))
 
     if page_dir is not None:
         publish(Path(page_dir), build)

@@ -98,8 +98,9 @@ class ClaimsStudySchema:
     datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
     probes: list[str] = option(["samil", "linear", "mlp", "mean_diff", "random_direction"],
                                "the probes and probe-like controls swept at every stored layer")
-    best_layer_probes: list[str] = option(["samil_reference"], "probes fitted only at the layers where one of "
-                                          "`best_layer_of` peaks on a task ([]: none)")
+    best_layer_probes: list[str] = option(["ttpd", "spca", "ccs", "samil_reference"], "probes fitted only at the "
+                                          "layers where one of `best_layer_of` peaks on a task, in this order ([]: "
+                                          "none)")
     best_layer_of: list[str] = option(["samil", "linear", "mlp", "mean_diff"], "the swept probes whose best "
                                       "calibration layers the `best_layer_probes` are fitted at (those of `probes`)")
     tasks: list[str] = option(["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"],

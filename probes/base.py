@@ -72,6 +72,7 @@ class Probe(ClassifierMixin, BaseEstimator, L.LightningModule):
     representation = "last"  # "last" | "mean" | "bags": which features the pipeline loads
     tokens = "statement"     # "statement" | "all": which token kinds those features use
     representations = ("last", "mean")   # the representations a probe class reads
+    supported_tasks: tuple[str, ...] | None = None   # the tasks whose heads it can fit (None: every task)
 
     def _check_params(self) -> None:
         """One-line ProbeError for a bad constructor argument (at construction, and at fit after set_params)."""

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def _args(root: Path, results: str, page: str) -> list[str]:
     return ["models=[tiny]", "datapacks=[city_locations]", "probes=[mean_diff,random_direction]",
-            "best_layer_probes=[linear]", "best_layer_of=[mean_diff]",
+            "best_layer_probes=[ccs,linear]", "best_layer_of=[mean_diff]",
             "tasks=[neither_vs_all,multiclass]", "controls=[text,surprisal]", "permutations=2", "limit=240",
             "workers=1", "n_boot=50", "page_n_boot=50", f"store_dir={root / 'activations'}",
             f"results_dir={root / results}", f"reports_dir={root / 'reports'}", f"out_dir={root / page}"]
@@ -41,6 +41,7 @@ def test_the_study_runs_resumes_and_rewrites_its_page(tmp_path):
     at = {method: {(c["config"]["task"]["name"], c["layer"]) for k, c in cells.items() if k.split("/")[2] == method}
           for method in ("linear", "mean_diff+shuffled")}
     assert at["linear"] == at["mean_diff+shuffled"]            # fitted only at mean_diff's best layer of each task
+    # (ccs: no cell, it cannot fit neither_vs_all or multiclass heads, and the study did not stop on it)
     md = (tmp_path / "page1" / "claims.md").read_text()
     assert "linear+text (control)" in md and "linear+surprisal (control)" in md and "**tiny / city_locations**" in md
 

@@ -222,3 +222,19 @@ def test_the_page_command_writes_and_rewrites_its_page(tiny, tmp_path):
     assert (tmp_path / "page1" / "interventions.csv").read_bytes() == (tmp_path / "page2" / "interventions.csv").read_bytes()
     assert (tmp_path / "page1" / "dose_tiny_zero_shot.png").exists()
     assert "| tiny | city_locations | linear | true_vs_false | 2 |" in "\n".join(one)
+
+
+def test_samil_direction_is_its_token_score_in_raw_coordinates():
+    """SAwMILProbe.coef_ / intercept_ (what intervene pushes along): a bag's score = max over its tokens of
+    x . coef_ + intercept_, on raw (unstandardised) tokens; the direction is near the planted one."""
+    from probes.samil.probe import SAwMILProbe
+    from probes.samil.synthetic import make_planted_bags
+
+    X, offsets, y, _, u = make_planted_bags(n_bags=120, dim=16, seed=0)
+    X = X * 3.0 + 5.0                                          # raw coordinates far from standardised ones
+    probe = SAwMILProbe(C=10.0, accelerator="cpu").fit((X, offsets), y)
+    tokens = X.astype(np.float64) @ probe.coef_ + probe.intercept_
+    bags = np.array([tokens[a:b].max() for a, b in zip(offsets[:-1], offsets[1:])])
+    np.testing.assert_allclose(probe.decision_function((X, offsets)), bags, rtol=1e-5, atol=1e-5)
+    cosine = probe.coef_ @ u / np.linalg.norm(probe.coef_)
+    assert cosine > 0.8, cosine
