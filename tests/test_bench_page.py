@@ -18,6 +18,13 @@ def test_work_folder_shown_as_in_the_commands(tmp_path):
     assert code == 0 and lines == ["[bench_work/store.h5 layer 16]"]     # not this machine's path
 
 
+def test_temporary_folders_shown_as_placeholders(tmp_path):
+    script = ("import tempfile\nwith tempfile.TemporaryDirectory() as d:\n"
+              "    print('store ready: ' + d + '/smollm2/c.h5'); print('[' + d + ' x]')")
+    lines, _, code = run_one(["-c", script], tmp_path)
+    assert code == 0 and lines == ["store ready: <tmp>/smollm2/c.h5", "[<tmp> x]"]
+
+
 def test_failed_benchmark_is_marked(tmp_path):
     lines, _, code = run_one(["-c", "import sys; print('partial'); sys.exit(3)"], tmp_path)
     text = section("extract", "Extraction", "what", ["-m", "x"], lines, 1.0, code, "commit abc")

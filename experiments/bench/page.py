@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,12 +86,15 @@ def machine() -> str:
 
 def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
     """Run `python args` from the repository root: (printed lines without progress bars, the work folder
-    named SHOWN_WORK in them, not as this machine's path; seconds, exit code)."""
+    named SHOWN_WORK and a benchmark's own temporary folders <tmp> in them, not as this machine's paths;
+    seconds, exit code)."""
     argv = [sys.executable, *(a.format(work=work) for a in args)]
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     lines = [line for chunk in (done.stdout + done.stderr).split("\n") for line in chunk.split("\r")]
-    kept = [line.rstrip().replace(str(work), SHOWN_WORK) for line in lines if line.strip() and not PROGRESS.search(line)]
+    scratch = re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/[^/\s\]\)'\"]+")
+    kept = [scratch.sub("<tmp>", line.rstrip().replace(str(work), SHOWN_WORK)) for line in lines
+            if line.strip() and not PROGRESS.search(line)]
     return kept, time.perf_counter() - started, done.returncode
 
 
