@@ -23,6 +23,7 @@ import heapq
 import logging
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -96,9 +97,17 @@ def run_job(probe: str, layer: int, overrides: list[str]) -> tuple[str, int, flo
     return probe, layer, time.perf_counter() - started, error
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
+    """A worker's setup: its torch threads, and a watchdog that ends it within a second of its sweep's death
+    (a killed sweep leaves no worker writing cells that a rerun would race)."""
     import torch
 
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="sweep-parent-watchdog").start()
     torch.set_num_threads(threads)
     reuse_freed_memory()
     logging.getLogger().setLevel(logging.WARNING)   # the main process reports each job
@@ -119,7 +128,7 @@ def sweep(argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     started, failed = time.perf_counter(), []
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, os.getpid())) as pool:
         futures = [pool.submit(run_job, *job) for job in jobs]
         for done, future in enumerate(as_completed(futures), 1):
             probe, layer, seconds, error = future.result()

@@ -38,7 +38,7 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from extract.errors import ToolkitError
-from probes.features import TOKEN_KINDS, Features, statement_vectors
+from probes.features import TOKEN_KINDS, Features
 
 
 class ProbeError(ToolkitError):
@@ -182,26 +182,6 @@ class Probe(ClassifierMixin, BaseEstimator, L.LightningModule):
         resize_placeholders(self, state_dict, prefix)
         self.classes_ = np.arange(2)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-
-class DirectionProbe(Probe):
-    """A probe whose score is one affine readout of the statement vector: decision = X @ direction + threshold,
-    from the tensors `direction` float [d] and `threshold` float [] its _fit sets (raw, unstandardised
-    coordinates)."""
-
-    @torch.no_grad()
-    def _decision(self, data: Features) -> np.ndarray:
-        X = statement_vectors(data, self.representation).to(self.direction.device)
-        return (X.double() @ self.direction.double() + self.threshold.double()).cpu().numpy()
-
-    @property
-    def coef_(self) -> np.ndarray:
-        """float [d]: decision = X @ coef_ + intercept_."""
-        return self.direction.double().cpu().numpy()
-
-    @property
-    def intercept_(self) -> float:
-        return float(self.threshold)
 
 
 def resize_placeholders(module: torch.nn.Module, state_dict: dict, prefix: str) -> None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import DirectionProbe, check_choice, resolve_device, standardiser
+from probes.base import check_choice, resolve_device, standardiser
+from probes.direction import DirectionProbe
 from probes.features import Features, statement_vectors
 
 __all__ = ["MeanDiffProbe", "within_class_ledoit_wolf"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probes.base import DirectionProbe, check_positive, resolve_device, standardiser
+from probes.base import check_positive, resolve_device, standardiser
+from probes.direction import DirectionProbe
 from probes.features import Features, statement_vectors
 
 __all__ = ["RandomDirectionProbe"]

@@ -29,8 +29,9 @@ from sklearn.covariance import oas
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
-from probes.base import (DirectionProbe, ProbeError, check_choice, check_positive, draw_seed, kfold_splits,
-                         resolve_device, standardiser)
+from probes.base import (ProbeError, check_choice, check_positive, draw_seed, kfold_splits, resolve_device,
+                         standardiser)
+from probes.direction import DirectionProbe
 from probes.features import Features, statement_vectors
 
 __all__ = ["SupervisedPCAProbe", "spca_basis"]

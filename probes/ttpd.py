@@ -26,7 +26,8 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from probes.base import DirectionProbe, ProbeError, check_positive, resolve_device, standardiser
+from probes.base import ProbeError, check_positive, resolve_device, standardiser
+from probes.direction import DirectionProbe
 from probes.features import Features, statement_vectors
 
 __all__ = ["TTPDProbe", "truth_directions"]

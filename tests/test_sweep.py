@@ -1,11 +1,12 @@
 """`python -m experiments.sweep`: one train_probe job per (probe, layer) over a shared queue, longest first;
-its cells equal those of plain train_probe runs; bad options are one line before any job."""
+its cells equal those of plain train_probe runs; bad options are one line before any job; its workers end with
+a killed sweep."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,45 @@ def test_several_workers_on_one_gpu_are_warned_about(monkeypatch):
     assert shared_gpu_warning("cpu", 16) is None and shared_gpu_warning("auto", 1) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert shared_gpu_warning("auto", 16) is None
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_end_with_a_killed_sweep(dirs, tmp_path):
+    """SIGKILL of the sweep's main process: its workers are gone within seconds (they wrote whole cells or none)."""
+    sweep = subprocess.Popen([sys.executable, "-m", "experiments.sweep", *_args(dirs, tmp_path / "r"),
+                              "probes=[mlp,linear]", "workers=2", "trainer.accelerator=cpu"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline:
+        workers = [p for p in _children(sweep.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        time.sleep(0.2)
+    assert len(workers) == 2, "the sweep started no workers"
+    sweep.kill()
+    sweep.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in workers), [p for p in workers if _alive(p)]
+    assert not list((tmp_path / "r").rglob("*.tmp*"))
