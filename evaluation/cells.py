@@ -137,6 +137,15 @@ def _plain(x):
     return x.item() if hasattr(x, "item") else str(x)
 
 
+def check_cell_source(path: Path, cell: dict, model: str, datapack: str) -> None:
+    """Refuse (CellError) a cell fitted on another model or datapack than the run's `model` / `datapack`."""
+    config = cell["config"]
+    found = (config.get("model", {}).get("name"), config.get("data", {}).get("name"))
+    if found != (model, datapack):
+        raise CellError(f"{path} is a cell of model {found[0]!r}, datapack {found[1]!r}, not {model!r}, {datapack!r}: "
+                        "give a cell of this model and datapack (or set model= / data= to its own)")
+
+
 def read_cell(path: Path) -> dict:
     """A cell written by `write_cell`; a one-line CellError naming the file otherwise."""
     try:

@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import atomic_write, read_cell, write_record
+from evaluation.cells import atomic_write, check_cell_source, read_cell, write_record
 from evaluation.selective import bootstrap_p, cluster_bootstrap_indices
 from evaluation.splits import make_split
 from evaluation.tasks import task_targets
@@ -77,12 +77,8 @@ def resolve_cell(cfg: DictConfig) -> tuple[Path, dict]:
     if path.suffix != ".json" or not path.is_file():
         raise InterveneError(f"cell={cfg.cell!r}: give a probe's result cell (results/.../layer=<k>/seed=<s>.json)")
     cell = read_cell(path)
+    check_cell_source(path, cell, cfg.model.name, cfg.data.name)
     config = cell["config"]
-    found = (config.get("model", {}).get("name"), config.get("data", {}).get("name"))
-    if found != (cfg.model.name, cfg.data.name):
-        raise InterveneError(f"{path} is a cell of model {found[0]!r}, datapack {found[1]!r}, not {cfg.model.name!r}, "
-                             f"{cfg.data.name!r}: give a cell of this model and datapack (or set model= / data= to "
-                             "its own)")
     if config["task"]["name"] not in CLASS_OF_TASK:
         raise InterveneError(f"{path} is a {config['task']['name']} cell (one head per class): give a binary task's "
                              f"cell ({', '.join(CLASS_OF_TASK)})")

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import atomic_write, read_cell
+from evaluation.cells import atomic_write, check_cell_source, read_cell
 from evaluation.splits import Split, make_split
 from evaluation.tasks import task_targets
 from extract.errors import ToolkitError, check_name
@@ -85,11 +85,8 @@ def resolve(cfg: DictConfig) -> tuple[str, dict | None]:
     if path.suffix != ".json":
         raise NCBError(f"method={cfg.method!r}: give a probe's result cell (results/.../seed=<s>.json) or zero_shot")
     cell = read_cell(path)
+    check_cell_source(path, cell, cfg.model.name, cfg.data.name)
     config = cell["config"]
-    found = (config.get("model", {}).get("name"), config.get("data", {}).get("name"))
-    if found != (cfg.model.name, cfg.data.name):
-        raise NCBError(f"{path} is a cell of model {found[0]!r}, datapack {found[1]!r}, not {cfg.model.name!r}, "
-                       f"{cfg.data.name!r}: give a cell of this model and datapack (or set model= / data= to its own)")
     name = f"{config['probe']['name']}_{config['task']['name']}_{config['split']['kind']}_layer{cell['layer']}" \
            f"_seed{config['seed']}{suffix}"
     return check_name(name, "method"), cell

@@ -84,6 +84,14 @@ def machine() -> str:
     return f"{host()}, load average {os.getloadavg()[0]:.1f} at the start"
 
 
+SCRATCH = re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/[^/\s\]\)'\"]+")
+
+
+def shown(line: str) -> str:
+    """A printed line as the page shows it: a benchmark's temporary folder as <tmp>, not this machine's path."""
+    return SCRATCH.sub("<tmp>", line.rstrip())
+
+
 def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
     """Run `python args` from the repository root: (printed lines without progress bars, the work folder
     named SHOWN_WORK and a benchmark's own temporary folders <tmp> in them, not as this machine's paths;
@@ -92,9 +100,7 @@ def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     lines = [line for chunk in (done.stdout + done.stderr).split("\n") for line in chunk.split("\r")]
-    scratch = re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/[^/\s\]\)'\"]+")
-    kept = [scratch.sub("<tmp>", line.rstrip().replace(str(work), SHOWN_WORK)) for line in lines
-            if line.strip() and not PROGRESS.search(line)]
+    kept = [shown(line.replace(str(work), SHOWN_WORK)) for line in lines if line.strip() and not PROGRESS.search(line)]
     return kept, time.perf_counter() - started, done.returncode
 
 
@@ -158,7 +164,7 @@ def gpu_section(log: Path) -> str:
     if not log.is_file():
         sys.exit(f"--gpu-log {log}: no such file; give the output of `bash experiments/bench/gpu_check.sh`")
     lines = [line.rstrip() for chunk in log.read_text().split("\n") for line in chunk.split("\r")]
-    lines = [line for line in lines if line.strip() and not PROGRESS.search(line)]
+    lines = [shown(line) for line in lines if line.strip() and not PROGRESS.search(line)]
     stamp = next((line.removeprefix("gpu_check: ") for line in lines if line.startswith("gpu_check: ")), None)
     if stamp is None:
         sys.exit(f"--gpu-log {log}: no 'gpu_check:' provenance line; is it gpu_check.sh's output?")
