@@ -26,20 +26,20 @@ answer_help(__name__, "apply_probe", ApplyProbeSchema)   # before the imports be
 
 import logging
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import CellError, cell_path, cell_test, result_cell, write_cell, write_record
+from evaluation.cells import CellError, WrittenMeanwhile, cell_path, cell_test, result_cell, write_cell, write_record
 from evaluation.cell_metrics import cell_metrics, datapack_metrics
 from evaluation.metrics import resampling_groups
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
 from extract.entry import entry_main, quoted
 from extract.errors import ToolkitError, check_count, check_name
+from extract.models import resolve_device
 from extract.on_the_fly import extract_statements, model_attrs, store_model
 from extract.schema import typed_options
 from extract.statements import LABELS
@@ -108,9 +108,16 @@ def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwr
         store=summary, probe_store=probe.store, metrics=metrics,
         calibration_metrics=probe.cell.get("calibration_metrics", {}),  # of the probe, on its own datapack
         test=cell_test(positions, y, groups, out["scores"], out["probs"], out["sets"], out["pred"]))
-    write_cell(path, cell)
+    try:
+        write_cell(path, cell, replace=overwrite)
+    except WrittenMeanwhile:     # another run of this probe on this store: the same cell, kept
+        log.info("%s was written meanwhile by another run of this probe and store: kept", path)
     log.info("%s -> %s: MCC %.3f, W-MCC %.3f, acceptance %.3f (%d statements): %s", config["data"]["name"],
              eval_datapack, metrics["mcc"], metrics["wmcc"], metrics["acceptance"], metrics["n"], path)
+    predicted = np.unique(np.asarray(out["pred"])[np.asarray(out["pred"]) >= 0])
+    if len(predicted) == 1:
+        log.warning("the probe predicted one label (%s) for every statement it did not abstain on: MCC is 0 by "
+                    "definition there, not a measured chance level", class_names(config["task"]["name"])[int(predicted[0])])
     return path
 
 
@@ -156,15 +163,16 @@ def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir
               "task": config["task"]["name"], "method": config["probe"]["name"], "layer": probe.layer,
               "alpha": config["alpha"], "classes": names, "statements": results}
     write_record(out_path, record, {"probe_cell": str(cell_file), "statements": statements, "name": name,
-                                    "batch_tokens": batch_tokens, "device": device}, indent=1)
+                                    "batch_tokens": batch_tokens, "device": device}, indent=1, replace=overwrite)
     log.info("%d statements scored: %s", len(statements), out_path)
     return out_path
 
 
 def raw_text(cfg: DictConfig):
-    """`text=` exactly as written (None if not given): user text is data, so `${...}` in it is never
-    resolved (an interpolation, an environment variable, set or not, is scored as those characters)."""
-    return OmegaConf.to_container(cfg, resolve=False).get("text")
+    """`text=` as written (None if not given): user text is data, and the command line escapes `${...}`
+    (extract.entry.quoted), so an interpolation or an environment variable, set or not, is scored as
+    those characters."""
+    return OmegaConf.to_container(cfg, resolve=True).get("text")
 
 
 def validate(cfg: DictConfig) -> dict:
@@ -177,6 +185,7 @@ def validate(cfg: DictConfig) -> dict:
     check_count(checked["batch_tokens"], "batch_tokens")
     if checked["name"] is not None:
         check_name(checked["name"], "name")
+    resolve_device(checked["device"], "device")
     return checked
 
 
@@ -192,14 +201,21 @@ def text_statements(text) -> list[str]:
 
 
 def csv_statements(csv: str) -> list[str]:
-    """The `statement` column of the CSV file `csv`."""
+    """The `statement` column of the CSV file `csv`, one per row: a blank or whitespace-only row is refused
+    with its row number (dropping it would shift every later result against the file's rows)."""
     try:
-        frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
+        frame = pd.read_csv(csv, dtype=str, keep_default_na=False, skip_blank_lines=False)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise ToolkitError(f"csv={csv}: not a readable CSV ({str(err).splitlines()[0]})") from None
     if "statement" not in frame:
         raise ToolkitError(f"csv={csv}: no column 'statement' (columns: {list(frame.columns)})")
-    return frame["statement"].str.strip().tolist()
+    statements = frame["statement"].str.strip()
+    blank = [i + 2 for i in np.flatnonzero((statements == "").to_numpy())]      # the header is row 1
+    if blank:
+        raise ToolkitError(f"csv={csv}: row{'s' if len(blank) > 1 else ''} {', '.join(map(str, blank[:5]))}"
+                           f"{', ...' if len(blank) > 5 else ''} (the header is row 1) hold{'s' if len(blank) == 1 else ''} "
+                           "no statement: remove the row or write its statement")
+    return statements.tolist()
 
 
 def default_name(csv: str | None) -> str:

@@ -9,7 +9,10 @@ One cell = one JSON file per (model, datapack, method, task, split, layer, seed)
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import re
 import os
 import shutil
 import socket
@@ -61,15 +64,25 @@ def cell_test(rows, y, groups, scores, probs, sets, pred, **extra) -> dict:
     return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in plain.items()}
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+class WrittenMeanwhile(CellError):
+    """A file written with ``replace=False`` that another process created first (nothing was replaced)."""
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None], replace: bool = True) -> None:
     """write(binary file) into a temporary file of path's folder, fsync, then rename it over path:
-    a reader sees the old file or the new one, never a part. Permissions follow the umask."""
+    a reader sees the old file or the new one, never a part. Permissions follow the umask. With
+    ``replace=False`` the file is created only if absent, atomically (a hard link of the temporary file:
+    of two writers started together one wins, the other gets WrittenMeanwhile)."""
     path = Path(path)
     try:
-        _write_replace(path, write)
+        _write_replace(path, write, replace)
+    except FileExistsError:
+        raise WrittenMeanwhile(f"{path} was written by another run meanwhile: nothing was replaced (give another "
+                               "name, or overwrite=true to replace it)") from None
     except OSError as err:   # no space, no permission, a file where a folder should be
-        raise CellError(f"cannot write {path} ({err.strerror or err}): free space or choose another output "
-                        "folder") from None
+        fix = ("free space or choose another output folder" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
+               "choose a writable output folder")
+        raise CellError(f"cannot write {path} ({err.strerror or err}): {fix}") from None
 
 
 def remove_stale_temps(folder: Path, prefix: str) -> None:
@@ -95,7 +108,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _write_replace(path: Path, write) -> None:
+def _write_replace(path: Path, write, replace: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".tmp-{socket.gethostname()}-"
     remove_stale_temps(path.parent, prefix)
@@ -108,28 +121,31 @@ def _write_replace(path: Path, write) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)     # FileExistsError when another writer was first
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
 
 
-def write_cell(path: Path, cell: dict) -> None:
+def write_cell(path: Path, cell: dict, replace: bool = True) -> None:
     """A cell as JSON (NaN refused: every number in a cell is finite or null), atomically, with the
-    provenance of its `config`."""
-    write_record(path, cell, cell.get("config"))
+    provenance of its `config` (``replace``: see `atomic_write`)."""
+    write_record(path, cell, cell.get("config"), replace=replace)
 
 
-def write_record(path: Path, record: dict, config: dict | None, indent: int | None = None) -> None:
+def write_record(path: Path, record: dict, config: dict | None, indent: int | None = None,
+                 replace: bool = True) -> None:
     """A JSON object (NaN refused) atomically, with `"provenance"` (evaluation.provenance) of the
-    resolved `config` that produced it."""
-    write_json(path, {**record, "provenance": provenance(config)}, indent)
+    resolved `config` that produced it (``replace``: see `atomic_write`)."""
+    write_json(path, {**record, "provenance": provenance(config)}, indent, replace)
 
 
-def write_json(path: Path, value, indent: int | None = None) -> None:
-    """Any JSON value (NaN refused, numpy scalars as numbers), atomically."""
+def write_json(path: Path, value, indent: int | None = None, replace: bool = True) -> None:
+    """Any JSON value (NaN refused, numpy scalars as numbers), atomically (``replace``: see `atomic_write`)."""
     data = json.dumps(value, allow_nan=False, indent=indent, default=_plain).encode()
-    atomic_write(path, lambda f: f.write(data))
+    atomic_write(path, lambda f: f.write(data), replace)
 
 
 def _plain(x):
@@ -146,16 +162,62 @@ def check_cell_source(path: Path, cell: dict, model: str, datapack: str) -> None
                         "give a cell of this model and datapack (or set model= / data= to its own)")
 
 
+# options that say where and how a run ran, not what its cell holds (a rerun may change them freely)
+RUN_OPTIONS = frozenset({"store_dir", "results_dir", "threads", "layer", "overwrite", "trainer", "workers"})
+
+
+def _flat(value, prefix: str = "") -> dict:
+    """A nested config as {dotted option: value}."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()} if value \
+        else {prefix: value}
+
+
+def settings_mismatch(found: dict, wanted: dict) -> list[str]:
+    """The options (dotted, `name: found -> wanted`) on which a cell's config `found` and a run's `wanted`
+    differ, leaving out RUN_OPTIONS and options only one of them has (a cell of an older version)."""
+    a, b = ({k.rstrip("."): v for k, v in _flat({k: v for k, v in c.items() if k not in RUN_OPTIONS}).items()}
+            for c in (found, wanted))
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
+            if json.dumps(a[k], sort_keys=True, default=str) != json.dumps(b[k], sort_keys=True, default=str)]
+
+
+def settings_key(config: dict) -> str:
+    """A short hash of what a cell's `config` says about how its probe was made, leaving out RUN_OPTIONS and
+    what tells the cells of one sweep apart (task, seed): cells of one (probe, task) with other keys were made
+    with other settings (compare them with settings_mismatch)."""
+    kept = {k: v for k, v in config.items() if k not in RUN_OPTIONS | {"task", "seed"}}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def check_same_settings(path: Path, config: dict) -> None:
+    """Refuse (CellError) an existing cell at `path` made with other settings than `config` (the config the
+    run would write there): skipping it would report a result of other settings as this run's."""
+    differ = settings_mismatch(read_cell(path)["config"], config)
+    if differ:
+        raise CellError(f"{path} exists with other settings ({'; '.join(differ[:3])}"
+                        f"{'; ...' if len(differ) > 3 else ''}): overwrite=true recomputes it, or write to "
+                        "another results_dir")
+
+
 def read_cell(path: Path) -> dict:
-    """A cell written by `write_cell`; a one-line CellError naming the file otherwise."""
+    """A cell written by `write_cell`; a one-line CellError naming the file otherwise. Deleting is advised only
+    for a damaged cell (a file named like one, `seed=<s>.json`, that does not read as one); a folder or another
+    file (an apply output, the user's own CSV) is named as not a cell, never to be deleted."""
+    path = Path(path)
+    if path.is_dir():
+        raise CellError(f"{path} is a folder, not a result cell: give one cell file, "
+                        "<results_dir>/<model>/<datapack>/<probe>/<task>/<split>/layer=<k>/seed=<s>.json")
+    damaged = re.fullmatch(r"seed=\d+\.json", path.name) is not None
+    fix = ("delete it and rerun the command that wrote it" if damaged else
+           "give a result cell written by train_probe (<...>/layer=<k>/seed=<s>.json)")
     try:
-        cell = json.loads(Path(path).read_text())
+        cell = json.loads(path.read_text())
     except FileNotFoundError:
         raise CellError(f"{path}: no such result cell") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CellError(f"{path} is not a readable result cell ({err}): delete it and rerun the command "
-                        "that wrote it") from None
+        raise CellError(f"{path} is not a readable result cell ({err}): {fix}") from None
     if not isinstance(cell, dict) or not {"metrics", "config", "test"} <= set(cell):
-        raise CellError(f"{path} is not a result cell (no metrics / config / test): delete it and rerun the "
-                        "command that wrote it")
+        raise CellError(f"{path} is not a result cell (no metrics / config / test): {fix}")
     return cell

@@ -105,9 +105,11 @@ def conformal_threshold(scores, alpha: float, what: str = "calibration split") -
     n = s.size
     k = conformal_rank(n, alpha)
     if k > n:
+        # (k <= n holds for alpha >= 1 / (n + 1): a larger alpha needs fewer statements)
+        fix = f"raise alpha to at least {math.ceil(1000 / (n + 1)) / 1000:g} or " if n else ""
         raise ConformalError(
             f"{what} has {n} statements, alpha={alpha:g} needs at least "
-            f"{_min_calibration_size(alpha)}: lower alpha or enlarge the calibration split"
+            f"{_min_calibration_size(alpha)}: {fix}enlarge the calibration split"
         )
     return float(s[k - 1])
 

@@ -75,6 +75,8 @@ Every kind is deterministic for a seed. Bad input raises `SplitError` (a Toolkit
 """
 from __future__ import annotations
 
+import logging
+
 import hashlib
 from dataclasses import dataclass, field
 
@@ -85,6 +87,8 @@ from evaluation.entity_cut import bisect, components
 from extract.errors import ToolkitError
 
 __all__ = ["Split", "SplitError", "make_split", "KINDS"]
+
+log = logging.getLogger(__name__)
 
 KINDS = ("entity_disjoint", "question_disjoint", "reference")
 ENTITY_COLUMNS = ("object_1", "object_2")
@@ -150,7 +154,7 @@ class Split:
         arrays = {k: np.asarray(d[k], dtype=np.int64) for k in ("train", "calibration", "test", "dropped")}
         stats = {k: d[k] for k in ("label_counts", "test_rows_sharing_train_entity",
                                    "calibration_rows_sharing_train_entity",
-                                   "test_rows_sharing_calibration_entity") if k in d}
+                                   "test_rows_sharing_calibration_entity", "rows_without_entity") if k in d}
         return cls(kind=d["kind"], seed=d["seed"], n_rows=d["n_rows"], params=dict(d["params"]),
                    order=d["order"], stats=stats, **arrays)
 
@@ -227,6 +231,14 @@ def make_split(table: pd.DataFrame, kind: str = "entity_disjoint", seed: int = 0
             raise SplitError(f"the {kind} split of {n} rows left the {name} set empty "
                              "(use more statements, or split.kind=reference if all rows share entities)")
     stats = _stats(table, columns, train, calibration, test)
+    without = int((_entity_codes(table, columns) < 0).all(axis=1).sum())
+    if without:     # (recorded only where there are some: the datapacks' cells stay as they were)
+        stats["rows_without_entity"] = without
+    if without and kind != "reference":
+        log.warning("%d of %d statements name no entity (%s empty): each is split as its own unit, so the %s split "
+                    "keeps only the others apart by entity (the cell records rows_without_entity); give %s columns to "
+                    "hold statements about one entity together (docs/train_probe.md)", without, n,
+                    " / ".join(columns), kind, " / ".join(columns))
     return Split(kind=kind, seed=seed, n_rows=n, train=train, calibration=calibration, test=test,
                  dropped=dropped, params=params, order=order, stats=stats)
 

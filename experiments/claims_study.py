@@ -42,8 +42,8 @@ from experiments.steps import run_step, store_complete
 from experiments.tables import best_layers, layer_table, load_cells
 from extract.config import CONF_DIR
 from extract.entry import entry_main
-from extract.errors import ToolkitError, check_count
-from extract.schema import check_writable, typed_options
+from extract.errors import ToolkitError, check_count, check_writable
+from extract.schema import typed_options
 from extract.store import store_path
 from probes.artifacts import build_probe
 

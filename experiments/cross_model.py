@@ -68,9 +68,9 @@ from experiments.claims_page import C_METRICS, claims_markdown, coverage_markdow
 from experiments.compare import compare_cells
 from experiments.tables import (best_layers, cell_of, holm_resolution_warning, layer_table, load_cells, publish,
                                 with_holm)
-from extract.errors import check_count, check_name
+from extract.errors import check_count, check_name, check_writable
 from extract.entry import entry_main
-from extract.schema import check_writable, typed_options
+from extract.schema import typed_options
 
 log = logging.getLogger(__name__)
 QUARTER_EDGES = (0.25, 0.5, 0.75)

@@ -33,8 +33,8 @@ from experiments.steps import run_step
 from experiments.tables import best_layers, layer_table, load_cells, markdown_table, publish
 from extract.config import CONF_DIR
 from extract.entry import entry_main
-from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import check_writable, typed_options
+from extract.errors import ToolkitError, check_count, check_name, check_writable
+from extract.schema import typed_options
 
 log = logging.getLogger(__name__)
 BINARY_TASKS = ("true_vs_all", "false_vs_all", "neither_vs_all", "true_vs_false")

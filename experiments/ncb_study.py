@@ -45,8 +45,8 @@ from experiments.ncb_robust import clean_markdown, clean_table, ncb_folders, rob
 from experiments.tables import ALPHA, best_layers, holm_resolution_warning, publish
 from extract.config import CONF_DIR
 from extract.entry import entry_main
-from extract.errors import ToolkitError, check_count
-from extract.schema import check_writable, typed_options
+from extract.errors import ToolkitError, check_count, check_writable
+from extract.schema import typed_options
 from extract.store import store_path
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,8 @@ Reads every cell under <results_dir>/<model>/<datapack>/ and writes to <reports_
                             mean +/- the spread across seeds), n_seeds; zero-shot rows have layer "-"
     best.csv, best.md       per (probe, task, split): the layer with the highest calibration-split MCC
                             (never chosen on test) and its test metrics
+    cells.md                what the report was made from: the cells' commits, groups made with mixed
+                            settings (flag mixed_settings: not comparable), stored layers without a cell
     mcc_by_layer.png        MCC and W-MCC against layer (top) and relative depth (bottom), one panel per
                             task, one line per probe, zero-shot as horizontal lines
     reliability.png         reliability diagram (test split) of every probe at its best layer, first task, with ECE
@@ -41,7 +43,7 @@ from omegaconf import DictConfig
 
 from experiments import plots
 from experiments.compare import ESTIMANDS, compare_cells
-from experiments.tables import (ALPHA, best_layers, cell_of, layer_table, load_cells, publish,
+from experiments.tables import (ALPHA, MIXED, best_layers, coverage_gaps, cell_of, layer_table, load_cells, publish,
                                 with_holm, yes_no)
 from experiments.cross_model import write_cross_model
 from experiments.ncb_report import write_ncb
@@ -49,7 +51,8 @@ from experiments.transfer import write_transfer
 from experiments.truthfulqa_report import write_truthfulqa
 from extract.statements import TRILEMMA, TRUTHFULQA
 from extract.entry import entry_main
-from extract.schema import check_writable, typed_options
+from extract.errors import check_writable
+from extract.schema import typed_options
 
 log = logging.getLogger(__name__)
 VERSUS = {"mcc": "mcnemar", "mcc_all": "mcnemar_all"}   # estimand -> the McNemar test on the same rows
@@ -86,6 +89,9 @@ def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str
     table = layer_table(cells)
     best = best_layers(table)
     versus = best_vs_runner_up(cells, best)
+    gaps = coverage_gaps(cells)
+    for line in gaps:
+        log.warning("no cell at some stored layers (a sweep still running or stopped early?): %s", line)
 
     def build(out: Path) -> None:
         table.to_csv(out / "layers.csv", index=False)
@@ -93,6 +99,7 @@ def write_report(results_dir: Path, reports_dir: Path, model: str, datapack: str
         versus.to_csv(out / "best_vs_runner_up.csv", index=False)
         (out / "layers.md").write_text(_markdown(table))
         (out / "best.md").write_text(_markdown(best) + "\n" + _versus_markdown(versus))
+        (out / "cells.md").write_text(_cells_markdown(cells, gaps))
         title = f"{model} / {datapack}"
         plots.metric_by_layer(table, out / "mcc_by_layer.png", title)
         plots.metric_by_layer(table, out / "aurc_by_layer.png", title, metrics=("aurc",))
@@ -128,6 +135,19 @@ def _markdown(table: pd.DataFrame) -> str:
                      f"{r['acceptance']:.3f} | {cal} | {r['n_seeds']} | {r['flag'] or ''} |")
     lines += ["", f"MCC: {ESTIMANDS['mcc']}; W-MCC: {ESTIMANDS['wmcc']}; cal. MCC: MCC without abstention "
               "(argmax, all rows) on the calibration split; flag: why a cell's numbers are not a fitted probe's."]
+    return "\n".join(lines) + "\n"
+
+
+def _cells_markdown(cells: pd.DataFrame, gaps: list[str]) -> str:
+    """What the report was made from: the cells' commits (with counts), the (probe, task, split) groups made with
+    mixed settings, and the stored layers without a cell (coverage_gaps)."""
+    commits = cells["commit"].value_counts()
+    lines = ["# The cells of this report", "", f"{len(cells)} cells, made at "
+             + ", ".join(f"{c} ({n} cells)" for c, n in commits.items()) + ".", ""]
+    mixed = sorted({(r.probe, r.task, r.split) for r in cells.itertuples() if MIXED in (r.flag or "")})
+    lines += [f"Made with mixed settings (flagged {MIXED}, layers not comparable): "
+              + ("; ".join(" ".join(m) for m in mixed) if mixed else "none") + ".", ""]
+    lines += ["Stored layers without a cell: " + ("none." if not gaps else ""), *[f"- {g}" for g in gaps]]
     return "\n".join(lines) + "\n"
 
 

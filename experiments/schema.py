@@ -100,15 +100,16 @@ class ClaimsStudySchema:
                                "the probes and probe-like controls swept at every stored layer")
     best_layer_probes: list[str] = option(["ttpd", "spca", "ccs", "samil_reference"], "probes fitted only at the "
                                           "layers where one of `best_layer_of` peaks on a task, in this order ([]: "
-                                          "none)")
+                                          "none)", empty_ok=True)
     best_layer_of: list[str] = option(["samil", "linear", "mlp", "mean_diff"], "the swept probes whose best "
                                       "calibration layers the `best_layer_probes` are fitted at (those of `probes`)")
     tasks: list[str] = option(["true_vs_all", "false_vs_all", "neither_vs_all", "multiclass", "true_vs_false"],
                               "the tasks of every sweep job (heads shared within a layer)")
     null_probes: list[str] = option(["samil", "linear", "mlp", "mean_diff"], "the probes refitted on shuffled labels "
-                                    "at their best layers (those of `probes` only)")
+                                    "at their best layers (those of `probes` only; []: none)", empty_ok=True)
     controls: list[str] = option(["text", "surprisal"], "the controls fitted by probe=linear beside the sweep "
-                                 "(probes/controls.py: text, the statement's TF-IDF; surprisal, the model's NLL)")
+                                 "(probes/controls.py: text, the statement's TF-IDF; surprisal, the model's NLL; []: none)",
+                                 empty_ok=True)
     limit: Optional[int] = option(None, "extract N statements of each datapack (label-stratified, whole subjects) for a "
                                   "quick look; null: all")
     permutations: int = option(3, "shuffled-label refits of each probe at its best layer per task (0: none)")

@@ -9,7 +9,9 @@ layer lists are written by hand: the layers are the store's (or `layer=[...]`), 
 edit. `<probe>.<key>=<value>` applies to that probe's jobs only: `samil.layer=[18]` (its layers),
 `samil.C=100` (= `probe.C=100` for samil alone). Every other option is a `python -m train_probe` option
 (`model=`, `data=`, `tasks=[...]`, `store_dir=`, ...). All jobs' options are checked before any job starts. A job's cells are written as train_probe writes
-them (existing ones skipped), so a killed sweep resumes by rerunning the command. Each worker runs at
+them (existing ones skipped), so a killed sweep resumes by rerunning the command; its workers end within a second of its death. A worker
+killed in a job (a signal, the out-of-memory killer) fails that job in one FAILED line, new workers take the
+jobs left, and the sweep exits 1 listing it. Each worker runs at
 `threads` torch threads (default 1: `workers` x `threads` should not exceed the cores).
 
 On a machine with one GPU, several workers' GPU jobs queue on it: on an H200 with 16 cores, 16 workers with
@@ -23,9 +25,13 @@ import heapq
 import logging
 import os
 import sys
+import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from hydra.errors import HydraException
@@ -53,6 +59,8 @@ def plan(overrides: list[str], probes: list[str]) -> list[tuple[str, int, list[s
     known = sorted(f.stem for f in (CONF_DIR / "probe").glob("*.yaml"))
     if not probes or any(p not in known for p in probes):
         raise ToolkitError(f"probes={probes}: give one or more of {known}, e.g. probes=[linear,mlp]")
+    if len(set(probes)) < len(probes):
+        raise ToolkitError(f"probes={probes}: a probe is listed more than once (its jobs would run twice): list each once")
     own = {p: [o for o in overrides if o.split(".", 1)[0] == p] for p in known}
     common = [o for o in overrides if o.split(".", 1)[0] not in known]
     cfg = _compose(common)
@@ -63,7 +71,8 @@ def plan(overrides: list[str], probes: list[str]) -> list[tuple[str, int, list[s
                           cfg.layer if any(o.split("=", 1)[0] == "layer" for o in common) else "all")
         extra = [f"probe.{o.split('.', 1)[1]}" for o in own[probe] if not o.startswith(f"{probe}.layer=")]
         job_cfg = _compose([*common, f"probe={probe}", *extra, f"layer={layer_spec}"])
-        layers = select_layers(job_cfg.layer, store.n_layers, store.layers, option=f"{probe}.layer")
+        given = f"{probe}.layer" if any(o.startswith(f"{probe}.layer=") for o in own[probe]) else "layer"
+        layers = select_layers(job_cfg.layer, store.n_layers, store.layers, option=given)
         job = validate(_compose([*common, f"probe={probe}", *extra, f"layer={layers[0]}"]))
         make_probe(job)   # every job's options checked now, not when the job starts
         method_name(job)
@@ -86,15 +95,47 @@ def replay(seconds: list[float], workers: int) -> float:
     return max(free)
 
 
-def run_job(probe: str, layer: int, overrides: list[str]) -> tuple[str, int, float, str | None]:
-    """One train_probe job in a worker: (probe, layer, seconds, error line or None)."""
+_MARK: list[Path] = []   # in a worker: the mark of the job it runs (see run_job)
+
+
+def run_job(probe: str, layer: int, overrides: list[str], running: str) -> tuple[str, int, float, str | None]:
+    """One train_probe job in a worker: (probe, layer, seconds, error line or None). While it runs, the file
+    `<running>/<pid>` names it (`probe layer`), so that the sweep can tell which job a dead worker held."""
     started = time.perf_counter()
+    mark = Path(running, str(os.getpid()))
+    mark.write_text(f"{probe} {layer}")
+    _MARK[:] = [mark]
     try:
         train_probes(compose_config("train_probe", *overrides))
         error = None
     except ToolkitError as err:
         error = " ".join(str(err).split("\n"))
+    mark.unlink(missing_ok=True)
+    _MARK.clear()
     return probe, layer, time.perf_counter() - started, error
+
+
+def _on_sigterm(signum, frame) -> None:
+    """A worker ended by its pool (which terminates every worker once one has died): not the job's fault,
+    so its mark goes and its job is retried."""
+    for mark in _MARK:
+        mark.unlink(missing_ok=True)
+    os._exit(128 + signum)
+
+
+def died_holding(running: Path) -> set[tuple[str, int]]:
+    """The jobs (probe, layer) that workers of this host held when they died (their `run_job` marks
+    left behind by a process that is gone)."""
+    dead = set()
+    for mark in running.iterdir():
+        try:
+            os.kill(int(mark.name), 0)
+        except ProcessLookupError:
+            probe, layer = mark.read_text().split()
+            dead.add((probe, int(layer)))
+        except (PermissionError, ValueError):
+            pass
+    return dead
 
 
 def _init_worker(threads: int, parent: int) -> None:
@@ -108,6 +149,7 @@ def _init_worker(threads: int, parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="sweep-parent-watchdog").start()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     torch.set_num_threads(threads)
     reuse_freed_memory()
     logging.getLogger().setLevel(logging.WARNING)   # the main process reports each job
@@ -126,17 +168,38 @@ def sweep(argv: list[str]) -> int:
     log.info("%d jobs (%s) on %d worker(s), longest first", len(jobs),
              ", ".join(f"{p} x {sum(j[0] == p for j in jobs)}" for p in dict.fromkeys(j[0] for j in jobs)), workers)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    started, failed = time.perf_counter(), []
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(threads, os.getpid())) as pool:
-        futures = [pool.submit(run_job, *job) for job in jobs]
-        for done, future in enumerate(as_completed(futures), 1):
-            probe, layer, seconds, error = future.result()
-            elapsed = time.perf_counter() - started
-            log.info("[%d/%d] %s layer %d: %s in %.1f s (%.1f min elapsed)", done, len(jobs), probe, layer,
-                     "FAILED" if error else "done", seconds, elapsed / 60)
-            if error:
-                failed.append(f"{probe} layer {layer}: {error}")
+    started, failed, remaining, n_done = time.perf_counter(), [], list(jobs), 0
+    while remaining:   # one round of workers; a worker's death (SIGKILL, out of memory) ends it, then the rest go on
+        with tempfile.TemporaryDirectory(prefix="sweep-running-") as running:
+            broken, finished = False, 0
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                                     initargs=(threads, os.getpid())) as pool:
+                futures = {pool.submit(run_job, *job, running): job for job in remaining}
+                for future in as_completed(futures):
+                    try:
+                        probe, layer, seconds, error = future.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        continue
+                    n_done, finished = n_done + 1, finished + 1
+                    remaining.remove(futures[future])
+                    log.info("[%d/%d] %s layer %d: %s in %.1f s (%.1f min elapsed)", n_done, len(jobs), probe, layer,
+                             "FAILED" if error else "done", seconds, (time.perf_counter() - started) / 60)
+                    if error:
+                        failed.append(f"{probe} layer {layer}: {error}")
+            killed = died_holding(Path(running)) if broken else set()   # (the pool's workers have all ended)
+        if broken:
+            lost = [job for job in remaining if (job[0], job[1]) in killed]
+            if not lost and not finished:       # no job to blame and none done: workers die as they start
+                lost = list(remaining)
+            for job in lost:
+                n_done += 1
+                remaining.remove(job)
+                reason = "its worker died (killed by a signal, or out of memory)"
+                log.error("[%d/%d] %s layer %d: FAILED: %s", n_done, len(jobs), job[0], job[1], reason)
+                failed.append(f"{job[0]} layer {job[1]}: {reason}")
+            if remaining:
+                log.warning("a worker died: new workers take the %d job(s) left", len(remaining))
     for line in failed:
         log.error("failed job %s", line)
     if failed:

@@ -6,6 +6,7 @@ Holm-adjusted decisions of a table's family of tests; `publish`, the one writer 
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import shutil
@@ -18,11 +19,12 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cell_metrics import cell_auroc_interval, no_signal
-from evaluation.cells import CellError, cell_path, read_cell, remove_stale_temps
+from evaluation.cells import CellError, cell_path, read_cell, remove_stale_temps, settings_key, settings_mismatch
 from evaluation.selective import holm
 from extract.disk import fsync_path
 from extract.errors import ToolkitError, check_name
 
+log = logging.getLogger(__name__)
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
 NO_SIGNAL = "no_signal"   # cell_flag's word for a cell whose test AUROC interval covers 0.5
 ALPHA = 0.05   # every table's significance level: a test is significant when its (raw or Holm) p < ALPHA
@@ -43,12 +45,67 @@ def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
                      "stored_layers": cell.get("store", {}).get("layers"), "flag": cell_flag(cell),
                      "cal_mcc": cell.get("calibration_metrics", {}).get("mcc_all"),
                      **{k: m.get(k) for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
-                     "path": str(path)})
+                     "settings": settings_key(config), "commit": commit_of(cell), "path": str(path)})
     if not rows:
         raise CellError(f"no result cells under {root}: run `python -m train_probe` first")
     cells = pd.DataFrame(rows)
     cells["layer"] = cells["layer"].astype("Int64")
+    return flag_mixed_settings(cells)
+
+
+MIXED = "mixed_settings"   # cell_flag's word for a cell ranked beside cells of its (probe, task, split) made otherwise
+
+
+def flag_mixed_settings(cells: pd.DataFrame) -> pd.DataFrame:
+    """`cells` with MIXED added to the flag of every cell of a (probe, task, split) whose cells were made with
+    more than one setting (evaluation.cells.settings_key: `alpha=0.3` at one layer, the defaults at another),
+    and one warning per such group naming the options that differ: their layers are not comparable."""
+    cells = cells.copy()
+    for (probe, task, split), g in cells.groupby(["probe", "task", "split"], sort=True):
+        if g["settings"].nunique() < 2:
+            continue
+        first, other = (g[g["settings"] == k].iloc[0] for k in g["settings"].unique()[:2])
+        differ = settings_mismatch(read_cell(Path(first["path"]))["config"], read_cell(Path(other["path"]))["config"])
+        log.warning("%s %s %s: cells made with %d different settings (%s): flagged %s, their layers are not "
+                    "comparable; rerun the sweep with one setting (overwrite=true)", probe, task, split,
+                    g["settings"].nunique(), "; ".join(differ[:3]) or "other options", MIXED)
+        cells.loc[g.index, "flag"] = [";".join(filter(None, [f, MIXED])) for f in g["flag"]]
     return cells
+
+
+def commit_of(cell: dict) -> str:
+    """The commit a cell was made at, `<sha7>` or `<sha7> (modified)` (its provenance), "unknown" without one."""
+    prov = cell.get("provenance") or {}
+    sha = prov.get("git_commit")
+    return "unknown" if not sha else f"{sha[:7]}{' (modified)' if prov.get('git_dirty') else ''}"
+
+
+def coverage_gaps(cells: pd.DataFrame) -> list[str]:
+    """For each (probe, task, split) swept over layers: the store's layers (the cells' `stored_layers`) it has
+    no cell at, as one line each ("linear true_vs_all entity_disjoint: 24 of 31 layers, missing 7-30"): a
+    report of a sweep still running or stopped early says what its best layers were chosen from."""
+    lines = []
+    layered = cells[cells["layer"].notna()]
+    for (probe, task, split), g in layered.groupby(["probe", "task", "split"], sort=True):
+        stored = next((s for s in g["stored_layers"] if s is not None), None)
+        if stored is None:
+            continue
+        missing = sorted(set(int(k) for k in stored) - set(int(k) for k in g["layer"]))
+        if missing:
+            lines.append(f"{probe} {task} {split}: {len(stored) - len(missing)} of {len(stored)} layers, missing "
+                         f"{layer_ranges(missing)}")
+    return lines
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """Sorted layers as ranges: [1, 2, 3, 7] -> "1-3, 7"."""
+    runs: list[list[int]] = []
+    for k in layers:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 REQUIRED = ("config.model.name", "config.data.name", "config.task.name", "config.seed", "split.kind", "layer",
@@ -192,6 +249,35 @@ def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(out)
     table["layer"] = table["layer"].astype("Int64")
     return table
+
+
+def results_table(paths: list[Path]) -> str:
+    """What a train_probe run found, as lm-evaluation-harness prints its results: per (probe, task, split) of
+    the cells at `paths`, the layer with the highest calibration MCC and its test MCC [95 % interval], W-MCC,
+    acceptance and flag (one row when the run had one layer)."""
+    rows = []
+    for path in paths:
+        cell = read_cell(path)
+        m = cell["metrics"]
+        rows.append({"probe": method_of(cell), "task": cell["config"]["task"]["name"], "split": cell["split"]["kind"],
+                     "layer": cell["layer"], "cal": (cell.get("calibration_metrics") or {}).get("mcc_all"),
+                     "mcc": m.get("mcc"), "ci": m.get("mcc_ci"), "wmcc": m.get("wmcc"),
+                     "acceptance": m.get("acceptance"), "flag": cell_flag(cell)})
+    best = {}
+    for r in rows:
+        key = (r["probe"], r["task"], r["split"])
+        if key not in best or (r["cal"] is not None and (best[key]["cal"] is None or r["cal"] > best[key]["cal"])):
+            best[key] = r
+    layers = {k: sum((r["probe"], r["task"], r["split"]) == k for r in rows) for k in best}
+
+    def num(x, fmt=".3f"):
+        return "-" if x is None else format(x, fmt)
+
+    lines = [[r["probe"], r["task"], r["split"], layers[k], "none" if r["layer"] is None else r["layer"],
+              num(r["cal"]), f"{num(r['mcc'])} [{num((r['ci'] or [None])[0])}, {num((r['ci'] or [None, None])[1])}]",
+              num(r["wmcc"]), num(r["acceptance"]), r["flag"] or ""] for k, r in sorted(best.items())]
+    return markdown_table(["probe", "task", "split", "layers", "best layer", "cal. MCC", "test MCC [95 %]", "W-MCC",
+                           "acceptance", "flag"], lines)
 
 
 def markdown_table(header: list[str], lines: list[list]) -> str:

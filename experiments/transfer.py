@@ -39,9 +39,9 @@ from evaluation.provenance import host, page_command, page_stamp
 from experiments.plots import LABELS, save, subplots, words
 from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
-from extract.errors import check_name
+from extract.errors import check_name, check_writable
 from extract.entry import entry_main
-from extract.schema import check_writable, typed_options
+from extract.schema import typed_options
 from extract.statements import TRILEMMA
 
 log = logging.getLogger(__name__)

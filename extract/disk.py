@@ -50,10 +50,12 @@ def check_space(folder: Path, need: int, reclaimable: int = 0) -> None:
     """Refuse when the disk of `folder` (created or not) lacks `need` bytes (plus a small margin);
     `reclaimable` bytes (an old store that will be replaced) count as free."""
     free = shutil.disk_usage(_existing_ancestor(folder)).free + reclaimable
-    if free < need * 1.02 + (4 << 20):
+    wanted = int(need * 1.02) + (4 << 20)
+    if free < wanted:
         old = f" (with the {format_bytes(reclaimable)} of the store it replaces)" if reclaimable else ""
-        raise NoSpace(f"{folder} has {format_bytes(free)} free{old} but the store needs {format_bytes(need)}: free "
-                      "space, choose store_dir=..., fewer layers=..., or limit=...")
+        raise NoSpace(f"{folder} has {format_bytes(free)} free{old} but the store needs {format_bytes(wanted)} "
+                      f"({format_bytes(need)} and a margin of 2 % + 4 MB): free space, choose store_dir=..., fewer "
+                      "layers=..., or limit=...")
 
 
 def make_folders(folder: Path) -> list[Path]:

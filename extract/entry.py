@@ -59,7 +59,7 @@ def entry_main(config_name: str, schema: type, run: str | Callable, summary: Cal
     last log line (None: none); the command line's values of `quote` are taken as written (quoted(),
     with `renames`). main(cfg) runs a composed config directly (tests, notebooks)."""
     from extract.config import answer_help
-    from extract.errors import hydra_main, run_entry
+    from extract.errors import RefusedRunLeavesNothing, hydra_main, run_entry
 
     log = logging.getLogger(config_name)
 
@@ -76,6 +76,8 @@ def entry_main(config_name: str, schema: type, run: str | Callable, summary: Cal
         result = run_entry(job, cfg, log=log)
         if result is not None and summary is not None:
             log.info("%s", summary(result, cfg))
+        if cfg.get("dry_run"):          # a dry run leaves no file: its log folder goes too
+            RefusedRunLeavesNothing.remove()
         return result
 
     task.__module__ = "__main__"   # Hydra then finds conf/ beside this file's folder, as for `python -m`
@@ -108,7 +110,7 @@ def set_threads(value, log: logging.Logger | None = None) -> int:
         n, why = ((int(os.environ[source]), source) if source else
                   (_CORES.setdefault("torch", torch.get_num_threads()), "every core of this process"))
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        n, why = value, "threads="
+        n, why = value, f"threads={value}"
     else:
         raise ToolkitError(f"threads={value!r}: use auto or a whole number >= 1, e.g. threads=1 for one job of "
                            "several running at once")
@@ -140,11 +142,16 @@ def reuse_freed_memory() -> bool:
 def quoted(args: list[str], keys: tuple[str, ...], renames: dict[str, str] | None = None) -> list[str]:
     """Command-line arguments as Hydra overrides, the values of `keys` taken as written: quoted unless
     already a list or quoted (paths of cells hold `=`; a statement may hold `=`, `,` or quotes). `renames`
-    maps what a user types to the option (apply_probe: probe= -> cell=)."""
+    maps what a user types to the option (apply_probe: probe= -> cell=). Every value is data: `${` in it is
+    escaped (`\\${`, read back as the two characters), so no option resolves an interpolation or an
+    environment variable (`model.system_prompt='${oc.env:SECRET}'` would store the secret); Hydra's own
+    `hydra.*` options keep theirs."""
     out = []
     for arg in args:
         key, eq, value = arg.partition("=")
         key = (renames or {}).get(key, key)
+        if eq and not key.lstrip("+~").startswith("hydra."):
+            value = re.sub(r"(?<!\\)\$\{", r"\\${", value)
         if eq and key in keys and not value.startswith(("[", "'", '"')):
             value = "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
         out.append(f"{key}{eq}{value}")

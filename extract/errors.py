@@ -61,8 +61,12 @@ def run_entry(func: Callable[..., T], *args, log: logging.Logger) -> T | None:
             RefusedRunLeavesNothing.remove()
             sys.exit(1)
         job = HydraConfig.get()
-        record = Path(job.runtime.output_dir) / "FAILED"
-        record.write_text(f"{' '.join(job.overrides.task)}\n{message}\n")
+        overrides = " ".join(job.overrides.task)
+        ReportFailures.failed_here.append((overrides, message))
+        try:
+            (Path(job.runtime.output_dir) / "FAILED").write_text(f"{overrides}\n{message}\n")
+        except OSError as err:   # a full or read-only disk: the failure is still listed at the end (failed_here)
+            log.error("could not record the failure in %s (%s)", job.runtime.output_dir, err.strerror or err)
         return None
 
 
@@ -184,18 +188,39 @@ def _print_error(message: str) -> None:
 
 
 class ReportFailures(Callback):
-    """At the end of a multirun: one line per failed job (its overrides and reason), then exit 1."""
+    """Before a multirun: its log folder must be writable (check_log_folder). At its end: one line per failed
+    job (its overrides and reason), then exit 1."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        check_log_folder(config, "hydra.sweep.dir")
+
+    failed_here: list[tuple[str, str]] = []   # (overrides, reason) of the jobs run_entry failed in this process
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        failed = sorted(Path(config.hydra.sweep.dir).glob("*/FAILED"))
+        records = [tuple(r.read_text().splitlines()[:2]) for r in sorted(Path(config.hydra.sweep.dir).glob("*/FAILED"))]
+        failed = list(dict.fromkeys(records + ReportFailures.failed_here))   # (a launcher's other processes: FAILED)
         log = logging.getLogger("multirun")
-        for record in failed:
-            overrides, reason = record.read_text().splitlines()[:2]
+        for overrides, reason in failed:
             log.error("failed job %s: %s", overrides, reason)
         if failed:
             log.error("%d job(s) failed (listed above); rerun the same command to retry them, finished cells are "
                       "kept", len(failed))
             sys.exit(1)
+
+
+def check_log_folder(config, key: str) -> None:
+    """Before Hydra makes a run's log folder (`key`: hydra.run.dir, or hydra.sweep.dir for a multirun), the
+    deepest existing folder of it must be writable: else one line naming the option it lies under
+    (results_dir=, else store_dir=, else `key`) and exit 1, instead of Hydra's OSError traceback."""
+    run_dir = Path(str(OmegaConf.select(config, key))).absolute()
+    bad = unwritable(run_dir)
+    if bad is None:
+        return
+    option = next((k for k in ("results_dir", "store_dir") if OmegaConf.select(config, k) is not None
+                   and run_dir.is_relative_to(Path(str(OmegaConf.select(config, k))).absolute())), key)
+    _print_error(f"{option}={OmegaConf.select(config, option)}: {bad} is not a writable folder (the run's log "
+                 f"folder {run_dir.name} goes under it): choose another {option}=")
+    sys.exit(1)
 
 
 class RefusedRunLeavesNothing(Callback):
@@ -206,6 +231,7 @@ class RefusedRunLeavesNothing(Callback):
     created: Path | None = None
 
     def on_run_start(self, config, **kwargs) -> None:
+        check_log_folder(config, "hydra.run.dir")
         parent = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute().parent
         missing = [p for p in (parent, *parent.parents) if not p.exists()]
         RefusedRunLeavesNothing.created = missing[-1] if missing else None
@@ -231,13 +257,29 @@ class RefusedRunLeavesNothing(Callback):
                 break
 
 
+def check_writable(folder, option: str = "results_dir") -> None:
+    """The deepest existing folder of `folder` must be a writable directory (checked before any work;
+    nothing is created): else one ToolkitError line naming `option`."""
+    bad = unwritable(folder)
+    if bad is not None:
+        raise ToolkitError(f"{option}={folder}: {bad} is not a writable folder: choose {option}=...")
+
+
+def unwritable(folder) -> Path | None:
+    """The deepest existing folder of `folder` when it is not a writable directory (None when it is)."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    return None if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK) else existing
+
+
 def check_count(value, option: str, none_ok: bool = False) -> int | None:
     """`value` as a whole number >= 1 (None passes when `none_ok`); anything else is a one-line error."""
     if value is None and none_ok:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        alternative = f" (or {option}=null for no limit)" if none_ok else ""
-        raise ToolkitError(f"{option}={value!r} is not a whole number >= 1: give e.g. {option}=100{alternative}")
+        example, alternative = (100, f" (or {option}=null for no limit)") if none_ok else (1, "")
+        raise ToolkitError(f"{option}={value!r} is not a whole number >= 1: give e.g. {option}={example}{alternative}")
     return int(value)
 
 

@@ -187,15 +187,20 @@ def gguf_checkpoint(file_name: str) -> tuple[str, str]:
     return stem[:found.start()], f"GGUF {found.group(1).upper()}"
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, option: str = "model.device") -> torch.device:
+    """The torch device `name` (auto: CUDA where available, else the CPU); one ModelError line naming `option`
+    for a name that is not a device, or one this machine lacks."""
     if not _DEVICE.fullmatch(str(name)):
-        raise ModelError(f"model.device={name!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
+        raise ModelError(f"{option}={name!r} is not a device: use auto, cpu, cuda, cuda:N or mps")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise ModelError("model.device=mps but MPS is not available: use model.device=cpu or auto")
+        raise ModelError(f"{option}=mps but MPS is not available: use {option}=cpu or auto")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"model.device={name} but CUDA is not available: use model.device=cpu or auto")
+        raise ModelError(f"{option}={name} but CUDA is not available: use {option}=cpu or auto")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ModelError(f"{option}={name} but this machine has {torch.cuda.device_count()} CUDA device(s): use "
+                         f"{option}=cuda:0 .. cuda:{torch.cuda.device_count() - 1}, or auto")
     return torch.device(name)
 
 
@@ -318,7 +323,7 @@ def _tiny_parts(cfg):
         "{% endfor %}")
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=cfg.hidden_size,
                          intermediate_size=2 * cfg.hidden_size, num_hidden_layers=cfg.n_layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                          bos_token_id=0, eos_token_id=1, pad_token_id=2)
     return config, tokenizer
 

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from extract.capture import LayerCapture, plan_batches, render
 from extract.models import LoadedModel, load_model
 from extract.run import _check_inputs
 from extract.store import TORCH_STORED, ActivationStore, StoreError, from_stored, torch_to_stored
+from extract.schema import literal_config
 
 
 def store_model(attrs: dict, device: str = "auto") -> LoadedModel:
     """The model a store was extracted with: its recorded `model:` config, at its compute dtype, on
     `device`."""
     try:
-        model_cfg = OmegaConf.create(json.loads(attrs["config"])["model"])
+        model_cfg = literal_config(json.loads(attrs["config"])["model"])
     except (KeyError, TypeError, ValueError):
         raise StoreError("the store records no model config (made by an older version): re-extract it with "
                          "overwrite=true") from None

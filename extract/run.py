@@ -69,7 +69,8 @@ def extract(cfg: DictConfig) -> Path:
     try:
         with writer_lock(path):
             if path.exists() and not cfg.overwrite:
-                check_compatible(path, attrs, layers, cfg.dtype, inputs.ids, inputs.prefix_ids if inputs.p else None)
+                check_compatible(path, attrs, layers, cfg.dtype, inputs.ids, inputs.prefix_ids if inputs.p else None,
+                                 table)
             else:
                 build_store(path, need, table, inputs.ids, inputs.kinds, layers, loaded.hidden_size, cfg.dtype,
                             attrs, (inputs.prefix_ids, inputs.prefix_kinds) if inputs.p else None,
@@ -98,6 +99,15 @@ def plan(cfg: DictConfig, path: Path, table) -> Plan:
                   tokens_per_s=cfg.tokens_per_s or MEASURED_TOKENS_PER_S.get((cfg.model.name, device)), device=device)
     print("\n".join(result.lines()), flush=True)
     check_plan(result, reclaimable=path.stat().st_size if cfg.overwrite and path.exists() else 0)
+    if path.exists() and not cfg.overwrite:   # what the run would refuse, as far as the tokenizer tells
+        known = {"model_fingerprint": None, "compute_dtype": None, "tokenizer_fingerprint": None,
+                 "datapack": cfg.data.name, "chat_template": spec.use_chat_template,
+                 "chat_template_text": spec.tokenizer.chat_template if spec.use_chat_template else "",
+                 "system_prompt": spec.system_prompt}
+        try:
+            check_compatible(path, known, layers, cfg.dtype, inputs.ids, inputs.prefix_ids if inputs.p else None, table)
+        except StoreError as err:
+            log.warning("the run would refuse the existing store: %s", err)
     return result
 
 

@@ -14,10 +14,10 @@ one-line description `--help` prints (extract.config.answer_help).
 from __future__ import annotations
 
 import copy
-import os
+import json
+import re
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -38,11 +38,14 @@ _MISSING_HINTS = {"data.name": "the store's file name, e.g. data.name=mine",
                   "data.path": "the CSV file, e.g. data.path=my.csv"}
 
 
-def option(default, help: str) -> Field:
-    """A schema field: the option's default (a list or dict is copied for each instance) and its one-line `help`."""
+def option(default, help: str, empty_ok: bool = False) -> Field:
+    """A schema field: the option's default (a list or dict is copied for each instance) and its one-line `help`.
+    A list given for it must hold each item once and, unless `empty_ok` (`[]` means "none": say so in `help`),
+    at least one (typed_options)."""
+    metadata = {"help": help, "empty_ok": empty_ok}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def threads_option() -> Field:
@@ -145,7 +148,26 @@ def validate(cfg: DictConfig) -> DictConfig:
         check_count(checked["window_tokens"], "window_tokens")
     if checked["model"]["chat_template"] not in ("auto", True, False):
         raise ToolkitError(f"model.chat_template={checked['model']['chat_template']!r}: use auto, true or false")
-    return OmegaConf.create(checked)
+    return literal_config(checked)
+
+
+def literal(value):
+    """`value` (a plain config: dicts, lists, scalars) with every `${` in its strings escaped (and the
+    backslashes before it doubled), so that a config made of it keeps them as characters: a resolved
+    value is data, and wrapped again it must not become an interpolation (`${oc.env:SECRET}` in a
+    system prompt would be resolved to the secret)."""
+    if isinstance(value, str):
+        return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", value)
+    if isinstance(value, dict):
+        return {k: literal(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [literal(v) for v in value]
+    return value
+
+
+def literal_config(plain: dict) -> DictConfig:
+    """A DictConfig of the plain, resolved config `plain` whose strings stay as written (`literal`)."""
+    return OmegaConf.create(literal(plain))
 
 
 def typed_options(cfg: DictConfig, schema, hints: dict | None = None, missing_hints: dict | None = None) -> dict:
@@ -153,14 +175,68 @@ def typed_options(cfg: DictConfig, schema, hints: dict | None = None, missing_hi
     wrong type or a missing value is one ToolkitError line naming the option."""
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
-        typed = OmegaConf.merge(OmegaConf.structured(schema), _known(plain, schema))
+        _check_booleans(plain, schema)
+        typed = OmegaConf.merge(OmegaConf.structured(schema), literal(_known(plain, schema)))
     except OmegaConfBaseException as err:
         raise config_error(err, hints) from None
     missing = sorted(OmegaConf.missing_keys(typed))
     if missing:
         key = missing[0]
         raise ToolkitError(f"{key} is not set: give {(missing_hints or {}).get(key, f'{key}=...')} on the command line")
-    return _update(plain, OmegaConf.to_container(typed, enum_to_str=True))
+    checked = OmegaConf.to_container(typed, resolve=True, enum_to_str=True)
+    _check_seeds(checked)
+    _check_lists(checked, schema)
+    return _update(plain, checked)
+
+
+SEED_MAX = 2**32 - 1      # numpy's and torch's seeds
+
+
+def _check_seeds(values: dict, prefix: str = "") -> None:
+    """Every option named `seed` or `*_seed` (nested too) is null or a whole number in 0..SEED_MAX
+    (numpy refuses others deep inside a run): a one-line ToolkitError naming it."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _check_seeds(value, f"{prefix}{key}.")
+        elif (key == "seed" or key.endswith("_seed")) and value is not None and not 0 <= value <= SEED_MAX:
+            raise ToolkitError(f"{prefix}{key}={value} is outside 0..{SEED_MAX}: give a seed in that range, "
+                               f"e.g. {prefix}{key}=0")
+
+
+def _dotted(values: dict, name: str):
+    """values[a][b] for name "a.b" (None where a level is missing)."""
+    for key in name.split("."):
+        values = values.get(key) if isinstance(values, dict) else None
+    return values
+
+
+def _check_booleans(values: dict, schema) -> None:
+    """A boolean option given a number (`overwrite=1`) is one ToolkitError line: OmegaConf would read any
+    number as true or false. (The words true / false, yes / no and on / off are read as booleans.)"""
+    for name, f in schema_options(schema).items():
+        value = _dotted(values, name)
+        if f.type in ("bool", bool) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ToolkitError(f"{name}={value}: use true or false")
+
+
+def _check_lists(values: dict, schema) -> None:
+    """Every list among `values` for an option of `schema` holds each item once and, unless the option is
+    `empty_ok`, at least one: else a one-line ToolkitError naming it (an empty list would run nothing and
+    exit 0; a repeated item would run twice)."""
+    for name, f in schema_options(schema).items():
+        value = _dotted(values, name)
+        if not isinstance(value, list):
+            continue
+        items = value
+        if not items and not f.metadata.get("empty_ok"):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            example = f"{name}=[{','.join(map(str, default))}]" if isinstance(default, list) and default else \
+                f"{name}=[...]"
+            raise ToolkitError(f"{name}=[]: give at least one, e.g. {example} (or leave the option out)")
+        seen = [json.dumps(v, sort_keys=True, default=str) for v in items]
+        twice = next((v for v, k in zip(items, seen) if seen.count(k) > 1), None)
+        if twice is not None:
+            raise ToolkitError(f"{name}={items}: {twice} is listed more than once: list each once")
 
 
 def _known(values: dict, schema) -> dict:
@@ -186,13 +262,3 @@ def _update(base: dict, new: dict) -> dict:
     for key, value in new.items():
         out[key] = _update(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return out
-
-
-def check_writable(folder, option: str = "results_dir") -> None:
-    """The deepest existing folder of `folder` must be a writable directory (checked before any work;
-    nothing is created): else one ToolkitError line naming `option`."""
-    existing = Path(folder).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ToolkitError(f"{option}={folder}: {existing} is not a writable folder: choose {option}=...")

@@ -30,6 +30,7 @@ from typing import IO, Callable, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
+from extract.errors import ToolkitError
 from extract.padded_forward import PaddedForward
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,18 @@ def common_prefix_length(seqs: list[np.ndarray], keep) -> int:
     return max(p, 0)
 
 
+def check_context(seqs: list[np.ndarray], max_positions: int | None, desc: str) -> None:
+    """Refuse (ToolkitError) sequences longer than the model's context (`max_positions`; None: no limit):
+    scored past it, a model's positions wrap or extrapolate and its scores mean nothing."""
+    lengths = np.array([len(x) for x in seqs])
+    over = np.flatnonzero(lengths > max_positions) if max_positions else []
+    if len(over):
+        raise ToolkitError(f"{desc}: {len(over)} of {len(seqs)} sequences are longer than the model's "
+                           f"{max_positions} positions (the first, #{over[0]}, has {lengths[over[0]]} tokens): "
+                           "shorten the prompts (fewer examples, shorter contexts or answers) or use a model with a "
+                           "longer context")
+
+
 def score(loaded, seqs: list[np.ndarray], reduce, batch_size: int, *, longest_first: bool = False,
           prefix_cache: bool = True, checkpoint: Checkpoint | None = None, desc: str = "score",
           on_batch: Callable[[int], None] | None = None) -> Scored:
@@ -82,6 +95,7 @@ def score(loaded, seqs: list[np.ndarray], reduce, batch_size: int, *, longest_fi
     on_batch(b): called after batch b (tests use it to simulate an interruption).
     """
     n = len(seqs)
+    check_context(seqs, getattr(loaded, "max_positions", None), desc)
     keep = np.broadcast_to(np.asarray(reduce.keep, dtype=np.int64), (n,))
     p = common_prefix_length(seqs, keep) if prefix_cache and n > 1 else 0
     order = np.array(sorted(range(n), key=lambda i: (-len(seqs[i]), i)) if longest_first else range(n), dtype=np.int64)

@@ -74,7 +74,8 @@ def merge_shards(cfg: DictConfig, path: Path, table: pd.DataFrame) -> Path:
         try:
             with writer_lock(path):
                 if path.exists() and not cfg.overwrite:
-                    check_compatible(path, attrs, layers, cfg.dtype, inputs.ids, inputs.prefix_ids if p else None)
+                    check_compatible(path, attrs, layers, cfg.dtype, inputs.ids, inputs.prefix_ids if p else None,
+                                     table)
                 else:
                     build_store(path, need, table, inputs.ids, inputs.kinds, layers, hidden, cfg.dtype, attrs,
                                 (inputs.prefix_ids, inputs.prefix_kinds) if p else None, replace=cfg.overwrite)

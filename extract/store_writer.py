@@ -2,6 +2,7 @@
 the resume check, and `StoreWriter`, which appends windows of statements in datapack order."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -64,6 +65,25 @@ def build_store(path: Path, need: int, *args, replace: bool = False) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def statement_columns(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """What a store keeps of each statement (its `statements/` group): the text columns (TEXT_COLUMNS,
+    "" where the table has none), label, negation and source row, each [N]."""
+    text = table.rename(columns={"statement": "text"})
+    columns = {col: (text[col] if col in text else pd.Series("", index=text.index)).astype(str).to_numpy(dtype=object)
+               for col in TEXT_COLUMNS}     # (a table without context)
+    return {**columns, "label": table["label"].to_numpy(dtype=np.int8),
+            "negation": table["negation"].to_numpy(dtype=bool), "source_row": table["source_row"].to_numpy(dtype=np.int64)}
+
+
+def statements_digest(columns: dict[str, np.ndarray]) -> str:
+    """sha256 of `statement_columns`: labels and metadata, which the token ids do not show, included."""
+    digest = hashlib.sha256()
+    for name, values in columns.items():
+        data = json.dumps(values.tolist()).encode() if values.dtype == object else np.ascontiguousarray(values).tobytes()
+        digest.update(f"{name}:{values.dtype.str}:{len(data)}:".encode() + data)
+    return digest.hexdigest()
+
+
 def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], token_kinds: list[np.ndarray],
                  layers: list[int], hidden_size: int, dtype: str, attrs: dict,
                  prefix: tuple[np.ndarray, np.ndarray] | None = None) -> None:
@@ -94,14 +114,10 @@ def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], t
             for k in layers:
                 _allocate_layer(pl, str(k), p, hidden_size, dtype)
         s = f.create_group("statements")
-        text = table.rename(columns={"statement": "text"})
-        for col in TEXT_COLUMNS:
-            values = text[col] if col in text else pd.Series("", index=text.index)  # a table without context
-            s.create_dataset(col, data=values.astype(str).to_numpy(dtype=object),
-                             dtype=h5py.string_dtype())
-        s.create_dataset("label", data=table["label"].to_numpy(dtype=np.int8))
-        s.create_dataset("negation", data=table["negation"].to_numpy(dtype=bool))
-        s.create_dataset("source_row", data=table["source_row"].to_numpy(dtype=np.int64))
+        columns = statement_columns(table)
+        for col, values in columns.items():
+            s.create_dataset(col, data=values, dtype=h5py.string_dtype() if values.dtype == object else None)
+        f.attrs["statements_sha256"] = statements_digest(columns)
         t = f.create_group("tokens")
         t.create_dataset("offsets", data=offsets)
         t.create_dataset("ids", data=np.concatenate(token_ids).astype(np.int64))
@@ -134,10 +150,12 @@ _OPTIONAL_KEYS = ("compute_dtype", "tokenizer_fingerprint")
 
 
 def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
-                     token_ids: list[np.ndarray], prefix_ids: np.ndarray | None = None) -> None:
+                     token_ids: list[np.ndarray], prefix_ids: np.ndarray | None, table: pd.DataFrame) -> None:
     """Refuse to resume into a store made for another model (weights, compute dtype, tokenizer,
     template), datapack, dtype, layers, input or shared prefix (`prefix_ids` [P]: what
-    `token_ids`, each statement's ids after it, follow; None: a schema-1 store)."""
+    `token_ids`, each statement's ids after it, follow; None: a schema-1 store), or for statements whose
+    labels or metadata (`table`) differ from the ones it keeps. An `attrs` value None is not compared (a dry
+    run knows no weights: model_fingerprint, compute_dtype, tokenizer_fingerprint)."""
     p = 0 if prefix_ids is None else len(prefix_ids)
     with open_store(path, writer=True) as f:
         have = {k: plain_value(v) for k, v in f.attrs.items()}
@@ -151,7 +169,7 @@ def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
               "chat_template": attrs["chat_template"], "chat_template_text": attrs["chat_template_text"],
               "system_prompt": _attr(attrs["system_prompt"]), "dtype": dtype, "n_statements": len(token_ids)}
     for key, value in wanted.items():
-        if key in _OPTIONAL_KEYS and key not in have:
+        if key in _OPTIONAL_KEYS and key not in have or value is None:   # (None: not known, a dry run's weights)
             continue
         if have.get(key) != value:
             shown = (f"{have.get(key)!r}, not {value!r}" if len(repr(have.get(key))) + len(repr(value)) < 160
@@ -170,6 +188,9 @@ def check_compatible(path: Path, attrs: dict, layers: list[int], dtype: str,
             and np.array_equal(stored_prefix, np.zeros(0) if prefix_ids is None else prefix_ids)):
         raise StoreError(f"{path} holds other token ids (statements or tokenizer changed): "
                          "rerun with overwrite=true to replace it")
+    if "statements_sha256" in have and have["statements_sha256"] != statements_digest(statement_columns(table)):
+        raise StoreError(f"{path} keeps other labels or metadata for these statements (the datapack's CSV changed "
+                         "since it was made): rerun with overwrite=true to replace it (or choose another store_dir=)")
 
 
 class StoreWriter:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
-from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
+from extract.errors import ToolkitError, check_count, check_name, check_writable
+from extract.schema import literal_config, ModelSchema, option, threads_option, typed_options
 from zero_shot.prompts import get_enumeration
 
 READOUTS = ("zero_shot", "likelihood")
@@ -58,4 +58,4 @@ def validate(cfg: DictConfig) -> DictConfig:
     get_enumeration(checked["enumeration"])
     check_name(checked["model"]["name"], "model.name")
     check_writable(checked["results_dir"])
-    return OmegaConf.create({**checked, "alphas": alphas})
+    return literal_config({**checked, "alphas": alphas})

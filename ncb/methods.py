@@ -34,6 +34,7 @@ from extract.models import load_model
 from extract.scorer import Checkpoint, score
 from extract.statements import TRILEMMA, datapack_table
 from extract.store import KIND_STATEMENT, ActivationStore, check_same_model, store_path, store_summary
+from extract.schema import literal_config
 from ncb.stores import extract_inputs, input_store_name
 from probes.artifacts import load_probe
 from probes.features import layer_features
@@ -153,7 +154,7 @@ def zero_shot_config(cfg: DictConfig, rows: str) -> DictConfig:
     """The options zero_shot.scoring.compute_scores reads, from ncb's (model, data, split, zero_shot)."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     z = plain["zero_shot"]
-    return OmegaConf.create({"model": plain["model"], "data": plain["data"], "split": plain["split"],
+    return literal_config({"model": plain["model"], "data": plain["data"], "split": plain["split"],
                              "results_dir": plain["results_dir"], "enumeration": z["enumeration"],
                              "batch_size": z["batch_size"], "save_every": z["save_every"],
                              "prefix_cache": z["prefix_cache"], "rows": rows, "limit": None, "overwrite": False})

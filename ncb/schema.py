@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
 from evaluation.tasks import TASKS
-from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import InputStoreOptions, ModelSchema, check_writable, option, threads_option, typed_options
+from extract.errors import ToolkitError, check_count, check_name, check_writable
+from extract.schema import literal_config, InputStoreOptions, ModelSchema, option, threads_option, typed_options
 from ncb.interference import check_templates
 from zero_shot.prompts import get_enumeration
 
@@ -83,7 +83,7 @@ class NCBSchema:
     split_seed: int = option(0, "entity_disjoint split seed of zero_shot (as python -m zero_shot)")
     store_dir: str = option("activations", "clean store <store_dir>/<model>/<datapack>.h5; stress stores beside it")
     stress_layers: list[int] = option([], "layers the stress store holds besides the probe's own: probes of the same "
-                                      "task and split at any of them reuse its one extraction")
+                                      "task and split at any of them reuse its one extraction", empty_ok=True)
     threads: Any = threads_option()
     results_dir: str = option("results", "<results_dir>/<model.name>/<data.name>/ncb/<method>/{targets,stress}.json")
     overwrite: bool = option(False, "recompute existing outputs (and re-extract the stress store)")
@@ -130,4 +130,4 @@ def validate(cfg: DictConfig) -> DictConfig:
     check_name(checked["model"]["name"], "model.name")
     check_name(cfg.data.name, "data.name")
     check_writable(checked["results_dir"])
-    return OmegaConf.create(checked)
+    return literal_config(checked)

@@ -11,12 +11,12 @@ statement's own tokens, never the context's).
 from __future__ import annotations
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from evaluation.splits import Split
 from extract.errors import check_name
 from extract.run import extract
 from extract.store import ActivationStore, store_path
+from extract.schema import literal_config
 from ncb.interference import write_datapack
 
 
@@ -38,4 +38,4 @@ def extract_inputs(frame: pd.DataFrame, name: str, model: dict, store_dir: str, 
                                        "label_column": None},
               "store_dir": str(store_dir), "layers": sorted({int(k) for k in layers}), "dtype": dtype, "limit": None,
               "overwrite": bool(overwrite), **options}
-    return ActivationStore(extract(OmegaConf.create(config)))
+    return ActivationStore(extract(literal_config(config)))

@@ -26,6 +26,8 @@ The Python API's inputs (arrays from any tool) are checked here, at its edge (`a
 """
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import numpy as np
 import torch
@@ -55,11 +57,12 @@ def check_choice(option: str, value, choices) -> str:
 
 
 def check_positive(option: str, value, integer: bool = False, allow_zero: bool = False):
-    """`value` if it is a number > 0 (>= 0 with allow_zero; a whole number with integer), else a
+    """`value` if it is a finite number > 0 (>= 0 with allow_zero; a whole number with integer), else a
     one-line ProbeError naming the option."""
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not (value >= 0 if allow_zero else value > 0):
-        what = "a whole number" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) \
+            or not (value >= 0 if allow_zero else value > 0):
+        what = "a whole number" if integer else "a finite number"
         raise ProbeError(f"{option}={value!r}: use {what} {'>= 0' if allow_zero else '> 0'}")
     return value
 
@@ -257,32 +260,6 @@ def stratified_group_folds(y: np.ndarray, groups: np.ndarray, n_splits: int, see
         fold_of[g] = best
     row_fold = fold_of[g_inv]
     return [(np.flatnonzero(row_fold != i), np.flatnonzero(row_fold == i)) for i in range(n_splits)]
-
-
-def check_C_limits(C_limits, Cs) -> tuple[float, float] | None:
-    """`C_limits` as (lo, hi), or None (the grid `Cs` as given, never extended); a one-line ProbeError unless
-    0 < lo <= min(Cs) and max(Cs) <= hi."""
-    if C_limits is None:
-        return None
-    if not isinstance(C_limits, (list, tuple)) or len(C_limits) != 2:
-        raise ProbeError(f"C_limits={C_limits!r}: give [lowest, highest] C the grid may be extended to, e.g. "
-                         "[1e-6, 1e4], or null for the grid as given")
-    lo, hi = (check_positive("C_limits", c) for c in C_limits)
-    if Cs and not lo <= min(Cs) <= max(Cs) <= hi:
-        raise ProbeError(f"C_limits={list(C_limits)} does not contain the grid Cs={list(Cs)}: widen C_limits")
-    return float(lo), float(hi)
-
-
-def beyond_grid(grid: list[float], best: float, C_limits: tuple[float, float] | None) -> float | None:
-    """The next C to search when the CV optimum `best` lies at an end of the searched `grid`: a decade
-    beyond that end, if it is within `C_limits` (lo, hi); None when `best` is interior, `C_limits` is None
-    (no extension) or the bound is reached (the cell then records a C at the grid's edge, see
-    probes.pipeline.grid_edge). Linear and samil bracket their optimum with it."""
-    if C_limits is None or len(grid) < 2:
-        return None
-    lo, hi = C_limits
-    step = float(f"{best * 10:.12g}") if best == max(grid) else float(f"{best / 10:.12g}") if best == min(grid) else None
-    return step if step is not None and lo * (1 - 1e-9) <= step <= hi * (1 + 1e-9) else None
 
 
 def kfold_splits(y: np.ndarray, groups: np.ndarray | None, n_splits: int, seed: int):

@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from sklearn.metrics import matthews_corrcoef
 from torch.utils.data import DataLoader
 
-from probes.base import (Probe, balanced_weights, beyond_grid, check_C_limits, check_choice, check_positive, draw_seed,
+from probes.base import (Probe, balanced_weights, check_choice, check_positive, draw_seed,
                          kfold_splits, standardiser)
+from probes.grid import beyond_grid, check_C_grid, middle_of_grid
 from probes.features import Features, statement_vectors
 from probes.trainer import FullBatch, make_trainer, quiet_lightning
 
@@ -110,9 +111,7 @@ class LinearProbe(Probe):
         super()._check_params()
         check_choice("loss", self.loss, ("logistic", "hinge"))
         check_choice("cv_metric", self.cv_metric, ("mcc", "log_loss"))
-        for c in ([] if self.C is None else [self.C]) + list(self.Cs):
-            check_positive("C" if self.C is not None else "Cs", c)
-        check_C_limits(self.C_limits, self.Cs)
+        check_C_grid(self.C, self.Cs, self.C_limits)
         for name in ("cv_folds", "max_iter", "max_epochs"):
             check_positive(name, getattr(self, name), integer=True)
         check_positive("tol", self.tol)
@@ -217,7 +216,7 @@ class LinearProbe(Probe):
         if C is None:
             folds = list(given) if given else kfold_splits(y, groups, self.cv_folds, draw_seed(self.seed))
             if len(Cs) == 1 or not folds:
-                C, folds = Cs[len(Cs) // 2], []
+                C, folds = middle_of_grid(Cs), []
         grid = sorted(set(Cs)) if folds else [C]
         mean, std, A, path, iters = self._solve_path(X, y, folds, grid)
         self._params = {"loss": self.loss, "representation": self.representation, "class_weight": self.class_weight}

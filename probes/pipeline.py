@@ -56,6 +56,9 @@ def train_probes(cfg: DictConfig) -> list[Path]:
     layers = [None] if store is None else select_layers(cfg.layer, store.n_layers, store.layers, option="layer")
     paths = {(t, k): probe_cell_path(cfg, k, t) for k in layers for t in tasks}
     todo = {k: [t for t in tasks if cfg.overwrite or not paths[t, k].exists()] for k in layers}
+    for (t, k), cell_file in paths.items():   # an existing cell is this run's result only if made like it
+        if t not in todo.get(k, ()):
+            cells.check_same_settings(cell_file, cell_config(cfg, t))
     todo = {k: ts for k, ts in todo.items() if ts}
     n_todo = sum(len(ts) for ts in todo.values())
     if n_todo < len(paths):
@@ -109,7 +112,8 @@ def train_probes(cfg: DictConfig) -> list[Path]:
                 if augment is not None:
                     cell["method"]["augment"] = augment.kind
                     cell["augment"] = {**note, "n_training_inputs": int(len(copied))}
-                write_probe_cell(paths[t, k], cell, heads)
+                if not write_probe_cell(paths[t, k], cell, heads, overwrite=bool(cfg.overwrite)):
+                    log.info("%s was written meanwhile by another run with the same settings: kept", paths[t, k])
     return [paths[t, k] for k in layers for t in tasks]
 
 
@@ -254,13 +258,8 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
         log.warning("%s %s: %s: C was chosen at the end of its grid, which could not be extended further "
                     "(the bound probe.C_limits, or C_limits=null): wider limits may hold a better C",
                     cfg.probe.name, task, "; ".join(edges))
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config.pop("tasks", None)
-    config["task"] = {"name": task}
-    config["probe"]["name"] = method_name(cfg)  # a report tells <probe>+in_sample / +reference cells apart
     cell = cells.result_cell(
-        config={**config, "model": {"name": cfg.model.name},
-                "data": {"name": cfg.data.name}},  # the store summary records the model itself
+        config=cell_config(cfg, task),
         method={"name": method_name(cfg), "probe": cfg.probe.name, "calibration": cfg.calibration,
                 "conformal": cfg.conformal.name},
         layer=layer, split=split, metrics=metrics, store=store,
@@ -272,6 +271,17 @@ def task_cell(cfg: DictConfig, task: str, bank: HeadBank, y: np.ndarray, parts: 
         fit_seconds=time.perf_counter() - started,  # heads another task of the layer fitted first cost 0 here
         test=cells.cell_test(test, y[test], bank.features.groups[test], scores[test], probs[test], sets, pred))
     return cell, heads
+
+
+def cell_config(cfg: DictConfig, task: str) -> dict:
+    """The `config` a cell of `task` records: the run's resolved options, its task, the probe named as its
+    method (a report tells <probe>+in_sample / +reference cells apart), model and datapack by name only
+    (the store summary records the model itself)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("tasks", None)
+    config["task"] = {"name": task}
+    config["probe"]["name"] = method_name(cfg)
+    return {**config, "model": {"name": cfg.model.name}, "data": {"name": cfg.data.name}}
 
 
 def degenerate_reasons(params: dict[str, dict], train_scores: np.ndarray, metrics: dict) -> list[str]:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
-from extract.errors import ToolkitError, check_count
-from extract.schema import InputStoreOptions, check_writable, option, threads_option, typed_options
+from extract.errors import ToolkitError, check_count, check_writable
+from extract.schema import literal_config, InputStoreOptions, option, threads_option, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
@@ -126,4 +126,4 @@ def validate(cfg: DictConfig) -> DictConfig:
 
         check_logger(checked["trainer"]["logger"])
     check_writable(checked["results_dir"])
-    return OmegaConf.create(checked)
+    return literal_config(checked)

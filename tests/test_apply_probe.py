@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apply_probe import apply, apply_to_statements, apply_to_store
+from apply_probe import apply, apply_to_statements, apply_to_store, csv_statements
 from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
@@ -296,3 +296,13 @@ def test_transfer_matrix_shows_auroc_and_single_label_cells(dirs, tmp_path):
     one_label = table.assign(single_label=[True, False, False, False], mcc=[0.0, *table["mcc"][1:]])
     md = _markdown(one_label, ["cities_a", "cities_b"])
     assert md.count("(one label)") == 1 and "AUROC" in md and "absence of signal" in md
+
+
+def test_a_csv_row_without_a_statement_is_refused_with_its_row_number(tmp_path):
+    """Blank and whitespace-only rows were dropped silently: the results no longer lined up with the file."""
+    csv = tmp_path / "mine.csv"
+    csv.write_text("statement,label\nParis is in France.,1\n\n   ,0\nRome is in Peru.,0\n")
+    with pytest.raises(ToolkitError, match=r"rows 3, 4 \(the header is row 1\) hold no statement"):
+        csv_statements(str(csv))
+    csv.write_text("statement\nParis is in France.\n  Rome is in Peru. \n")
+    assert csv_statements(str(csv)) == ["Paris is in France.", "Rome is in Peru."]

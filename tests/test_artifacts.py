@@ -79,6 +79,17 @@ def test_loaded_probe_scores_the_test_rows_as_the_cell(trained):
         assert got["sets"] == test["sets"] and got["pred"] == test["pred"], cell
 
 
+def test_saving_a_probe_over_an_evaluated_cell_is_refused(trained, tmp_path):
+    _, cells = trained
+    cell, before = cells[-1], cells[-1].read_bytes()
+    probe = load_probe(cell)
+    with pytest.raises(CellError, match="evaluated result cell"):
+        probe.save(cell)
+    assert cell.read_bytes() == before and read_cell(cell)["metrics"]          # the evaluation is kept
+    again = probe.save(tmp_path / "mine.json")                                # elsewhere: saved, and resaved
+    assert probe.save(again) == again and load_probe(again).layer == probe.layer
+
+
 def test_loading_takes_either_file_and_refuses_a_missing_probe(trained):
     _, cells = trained
     a, b = load_probe(cells[0]), load_probe(artifact_path(cells[0]))

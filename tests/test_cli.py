@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from extract.config import CONF_DIR, compose_config, config_groups
 from extract.entry import COMMANDS, quoted
@@ -116,6 +117,23 @@ def test_cell_paths_and_statements_are_taken_as_written():
     assert compose_config("ncb", *quoted([f"method={path}"], ("method",))).method == path
 
 
+def test_no_option_resolves_an_environment_variable(tmp_path):
+    """`${oc.env:SECRET}` in a free-text, name or path option used to be resolved: the secret landed in the
+    store's attributes (and every cell copying them). Every command-line value is data."""
+    env = {**ENV, "SECRET": "hunter2-do-not-leak"}
+    done = subprocess.run([sys.executable, "-m", "extract", "model=tiny", "data=city_locations", "limit=4",
+                           "layers=[1]", f"store_dir={tmp_path / 'activations'}", f"hydra.run.dir={tmp_path / 'logs'}",
+                           "model.system_prompt=You answer. ${oc.env:SECRET}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    store = next((tmp_path / "activations").rglob("*.h5"))
+    assert b"hunter2" not in store.read_bytes() and b"You answer. ${oc.env:SECRET}" in store.read_bytes()
+    for args in (["data.statement_column=${oc.env:SECRET}"], ["store_dir=/x/${oc.env:SECRET}"]):
+        cfg = compose_config("extract", *quoted(args, ()))
+        assert "hunter2" not in str(OmegaConf.to_container(cfg, resolve=True)), args
+    assert compose_config("extract", *quoted(["hydra.run.dir=logs/${now:%Y}"], ())) is not None   # Hydra's own
+
+
 def test_a_refused_run_leaves_no_logs_and_a_real_run_logs_under_its_output_folder(tmp_path):
     """Every call, a refused one included, used to write logs/<entry>/<time>/ in the working directory: a
     run refused at option checking leaves nothing, a real one logs under <results_dir>/logs/<entry>/."""
@@ -164,3 +182,20 @@ def test_reused_freed_memory_spares_the_page_faults_of_large_temporaries():
               for mode in ("reuse", "default")}
     assert faults["default"] > 10_000                    # every 64 MB block mapped afresh: 16 384 pages
     assert faults["reuse"] < faults["default"] / 3, faults
+
+
+@pytest.mark.parametrize("module, args", [
+    ("train_probe", ["seed=-1"]), ("train_probe", ["split_seed=4294967296"]), ("zero_shot", ["model=tiny", "seed=-1"]),
+    ("truthfulqa", ["model=tiny", "seed=-1"]), ("ncb", ["method=zero_shot", "model=tiny", "split_seed=-1"]),
+    ("experiments.sweep", ["seed=-1"])])
+def test_a_seed_outside_numpys_range_is_one_line_naming_it(tmp_path, module, args):
+    """seed=-1 / 4294967296 used to end in numpy's ValueError traceback (the sweep's re-raised from its pool)."""
+    from tests.helpers import make_synthetic_store
+
+    store = [] if "model=tiny" in args else ["model.name=synthetic", f"store_dir={tmp_path / 's'}"]
+    if store:
+        make_synthetic_store(tmp_path / "s", n_real=60, n_neither=30)
+    done = run_module(module, *store, *args, f"results_dir={tmp_path / 'r'}", cwd=tmp_path)
+    key, value = args[-1].split("=")
+    assert_one_error_line(done, f"{key}={value} is outside 0..4294967295")
+    assert not (tmp_path / "r").exists()

@@ -151,7 +151,10 @@ def test_too_small_calibration_raises_one_line(n, alpha, need):
     msg = str(err.value)
     assert "\n" not in msg
     assert f"has {n} statements" in msg and f"at least {need}" in msg
-    assert "lower alpha or enlarge the calibration split" in msg
+    assert "enlarge the calibration split" in msg and "lower alpha" not in msg    # lowering alpha raises the need
+    if n:
+        higher = float(msg.split("raise alpha to at least ")[1].split()[0])
+        ConformalClassifier().fit(*_synthetic(0, n, 3), alpha=higher)            # the advice works
     # exactly the minimum size works
     p, y = _synthetic(0, need, 3)
     ConformalClassifier().fit(p, y, alpha=alpha)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -127,6 +128,26 @@ def test_store_of_another_limit_selection_is_refused(tmp_path, monkeypatch):
     with pytest.raises(StoreError, match="holds other token ids") as err:
         extract(extract_config(*args))
     assert "\n" not in str(err.value)
+
+
+def test_a_store_of_a_csv_whose_labels_changed_is_refused_not_kept(tmp_path):
+    """The same statements with other labels (or metadata) used to be "already complete": the store kept
+    the old labels and every later step used them."""
+    from tests.helpers import datapack_csv, extract_csv
+
+    csv = datapack_csv(tmp_path / "mine.csv", slice(0, 6), slice(0, 2))
+    path = extract_csv(tmp_path, "mine", csv, tmp_path / "s", "layers=[1]")
+    extract_csv(tmp_path, "mine", csv, tmp_path / "s", "layers=[1]")              # unchanged: resumes (complete)
+    table = pd.read_csv(csv)
+    for column, value in (("label", 1 - table["label"].iat[0]), ("object_2", "Atlantis")):
+        changed = table.copy()
+        changed.loc[0, column] = value
+        changed.to_csv(csv, index=False)
+        with pytest.raises(StoreError, match="keeps other labels or metadata") as err:
+            extract_csv(tmp_path, "mine", csv, tmp_path / "s", "layers=[1]")
+        assert "\n" not in str(err.value)
+    with ActivationStore(path) as store:
+        assert store.table["label"].tolist() == table["label"].tolist()
 
 
 def test_store_attributes_and_layer_subset(tmp_path):
@@ -306,7 +327,7 @@ def test_bad_limit_is_one_line_error(tmp_path, limit):
 
 
 def test_empty_layer_list_writes_nothing(tmp_path):
-    with pytest.raises(StoreError, match=r"layers=\[\]: use all") as err:
+    with pytest.raises(ToolkitError, match=r"layers=\[\]: give at least one") as err:
         extract(extract_config("model=tiny", "limit=3", "layers=[]", f"store_dir={tmp_path / 's'}"))
     assert "\n" not in str(err.value) and not (tmp_path / "s").exists()
 
@@ -318,10 +339,10 @@ def csv_of(tmp_path: Path, *statements: str) -> Path:
 
 
 def test_statement_longer_than_the_context_is_refused(tmp_path):
-    """The tiny model has 512 positions: a 600-character statement (one token per byte) is refused
+    """The tiny model has 2048 positions: a 2100-character statement (one token per byte) is refused
     with one line naming its row, before anything is written."""
-    csv = csv_of(tmp_path, "Paris is in France.", "x" * 600)
-    with pytest.raises(StatementsError, match=r"mine\.csv, row 1, column 'statement': .* more than the model's 512 "
+    csv = csv_of(tmp_path, "Paris is in France.", "x" * 2100)
+    with pytest.raises(StatementsError, match=r"mine\.csv, row 1, column 'statement': .* more than the model's 2048 "
                                               "positions") as err:
         extract(extract_config("model=tiny", "data=csv", f"data.path={csv}", "data.name=mine",
                                "data.label_column=label", f"store_dir={tmp_path / 's'}"))

@@ -1,4 +1,4 @@
-"""C grids that bracket the CV optimum (probes.base.beyond_grid): an optimum planted outside a probe's
+"""C grids that bracket the CV optimum (probes.grid.beyond_grid): an optimum planted outside a probe's
 default grid is found by extending the grid a decade at a time, equals the choice of a wide grid searched
 from the start, and is flagged (probes.pipeline.grid_edge) only where the documented bound stops it."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from probes.base import ProbeError, beyond_grid
+from probes.base import ProbeError
+from probes.grid import beyond_grid
 from probes.features import Features
 from probes.linear import LinearProbe
 from probes.pipeline import grid_edge

@@ -3,6 +3,7 @@ hand-written hooked forward; a planted readout direction moves the answer and ra
 run resumes to the same numbers; bad options are one line and write nothing."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import load, save
 
 import intervene.run as iv
 from extract.config import compose_config
@@ -196,6 +198,10 @@ def test_bad_options_are_one_line_and_write_nothing(tiny, tmp_path, option, need
         folder = tmp_path / "cells" / "layer=3"
         shutil.copytree(linear.parent, folder)
         cell = json.loads((folder / linear.name).read_text())
+        heads = folder / cell["heads"]["file"]    # a cell fitted at layer 3 (its heads say so too), which the store lacks
+        data = save(load(heads.read_bytes()), metadata={"layer": "3"})
+        heads.write_bytes(data)
+        cell["heads"] = {**cell["heads"], "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         (folder / linear.name).write_text(json.dumps({**cell, "layer": 3}))
         args = [f"cell='{folder / linear.name}'"]
     else:

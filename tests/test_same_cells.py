@@ -119,7 +119,7 @@ def small_sweep(root: Path) -> dict[str, str]:
     apply_to_statements(cell, ["Paris is a city in France.", "Paris is a city in Peru."], store_dir, results)
     return {str(p.relative_to(root)): fingerprint(p, root) for p in sorted(root.rglob("*"))
             if p.is_file() and p.suffix in (".json", ".png", ".csv", ".md", ".npy") and "activations" not in p.parts
-            and ".hydra" not in p.parts}
+            and ".hydra" not in p.parts and p.name != "cells.md"}   # (cells.md names the commit the cells were made at)
 
 
 @pytest.mark.slow

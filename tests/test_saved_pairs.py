@@ -154,6 +154,20 @@ def test_heads_that_are_not_the_cells_are_refused_in_one_line(dirs, tmp_path):
         load_probe(a)
 
 
+def test_a_cell_whose_layer_was_edited_is_refused(dirs, tmp_path):
+    """The heads of layer 1 were applied to layer-0 vectors after someone edited the cell's `layer`."""
+    import json
+
+    cell = train_probes(run_cfg(dirs, "probe=linear", "task=true_vs_all", "layer=1", f"results_dir={tmp_path}",
+                                "n_boot=10"))[0]
+    load_probe(cell)
+    edited = {**json.loads(cell.read_text()), "layer": 0}
+    cell.write_text(json.dumps(edited))
+    with pytest.raises(CellError, match="says layer 0, but its heads were fitted at layer 1") as err:
+        load_probe(cell)
+    assert "\n" not in str(err.value)
+
+
 def test_saving_a_fitted_probe_by_either_name(dirs, tmp_path):
     store = ActivationStore(dirs / "activations" / "synthetic" / "city_locations.h5")
     X = store.last_token(1, (2,))

@@ -13,6 +13,7 @@ import torch
 
 from evaluation.cells import atomic_write
 from extract.config import compose_config
+from extract.errors import ToolkitError
 from extract.models import load_model
 from extract.scorer import Checkpoint, common_prefix_length, partial_path, score
 from truthfulqa.likelihood import LoglikScorer
@@ -137,3 +138,15 @@ def test_common_prefix_leaves_keep_tokens_and_partial_path():
     assert common_prefix_length(seqs, [3, 1, 1]) == 2
     assert common_prefix_length(seqs[:1] * 2, 1) == 4
     assert partial_path(Path("r/scores-x.npy")) == Path("r/scores-x.partial.npz")
+
+
+def test_a_sequence_past_the_models_context_is_refused_before_any_batch(tiny, prompts, tmp_path):
+    """truthfulqa and ncb's zero-shot scored 650-840-token prompts on a model of fewer positions, results
+    written and no warning; extract refused such statements. Every score() call now does."""
+    seqs, option_ids = prompts
+    long = np.concatenate([seqs[0], np.full(tiny.max_positions, seqs[0][-1])])
+    with pytest.raises(ToolkitError, match=rf"1 of 3 sequences are longer than the model's {tiny.max_positions} "
+                                           rf"positions \(the first, #1, has {len(long)} tokens\)") as err:
+        score(tiny, [seqs[0], long, seqs[1]], PromptScorer(tiny.model, option_ids, tiny.device), 2,
+              on_batch=_no_batch, desc="zero-shot")
+    assert "\n" not in str(err.value) and str(err.value).startswith("zero-shot: ")

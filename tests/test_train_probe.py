@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import matthews_corrcoef
 
+from evaluation.cells import CellError, read_cell
 from extract.config import compose_config
 from probes.pipeline import probe_cell_path, train_probes
 from tests.helpers import make_synthetic_store, probe_config, run_cfg
@@ -61,6 +62,27 @@ def test_existing_cells_are_skipped_unless_overwrite(synthetic_dirs):
     train_probes(run_cfg(synthetic_dirs, "probe=mean_diff", "task=false_vs_all", "layer=1", "overwrite=true"))
     assert path.stat().st_mtime_ns != stamp
     assert probe_cell_path(cfg, 1) == path
+    stamp = path.stat().st_mtime_ns     # other settings on the same cell: refused, not skipped as done
+    with pytest.raises(CellError, match=r"exists with other settings \(alpha: 0.1 -> 0.2"):
+        train_probes(run_cfg(synthetic_dirs, "probe=mean_diff", "task=false_vs_all", "layer=1", "alpha=0.2"))
+    assert path.stat().st_mtime_ns == stamp
+
+
+def test_two_runs_of_one_cell_with_other_settings_started_together(synthetic_dirs, tmp_path):
+    """Both would fit the absent cell; the second to write finds the first's under the cell's lock and
+    refuses (it made other settings), so no run reports a result that another replaced."""
+    args = ["probe=linear", "task=true_vs_all", "layer=1", "n_boot=20", f"results_dir={tmp_path / 'results'}"]
+    runs = [subprocess.Popen([sys.executable, "-m", "train_probe", "model.name=synthetic",
+                              f"store_dir={synthetic_dirs / 'activations'}", f"hydra.run.dir={tmp_path / str(i)}",
+                              *args, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i, extra in enumerate([[], ["split.test_size=0.4"]])]
+    done = [(run.wait(), run.stderr.read()) for run in runs]
+    ok = [i for i, (code, _) in enumerate(done) if code == 0]
+    assert len(ok) == 1, done
+    code, err = done[1 - ok[0]]
+    assert code == 1 and "exists with other settings (split.test_size" in err and "Traceback" not in err
+    cell = read_cell(next((tmp_path / "results").rglob("seed=0.json")))
+    assert cell["config"]["split"]["test_size"] == [0.25, 0.4][ok[0]]       # the cell is the successful run's
 
 
 def _cli(dirs: Path, *args: str) -> subprocess.CompletedProcess:
@@ -136,6 +158,34 @@ def test_sixteen_concurrent_writers_leave_no_partial_cell(tmp_path):
         assert sorted(pending.get()) == list(range(16))
     assert json.loads(path.read_text())["i"] == 9
     assert [p.name for p in path.parent.iterdir()] == ["seed=0.json"]
+
+
+def _create_once(args):
+    path, worker, start = args
+    from evaluation.cells import WrittenMeanwhile, write_cell
+
+    start.wait()
+    try:
+        write_cell(path, {"worker": worker, "payload": list(range(5000))}, replace=False)
+    except WrittenMeanwhile:
+        return None
+    return worker
+
+
+def test_of_writers_started_together_without_replace_exactly_one_writes(tmp_path):
+    """apply_probe's named outputs (and any write without overwrite): writers released at once each
+    checked that the file was absent; one creates it, every other is told, none replaces it unseen."""
+    import multiprocessing as mp
+
+    path = tmp_path / "out" / "mine.json"
+    context = mp.get_context("fork")
+    start = context.Manager().Event()
+    with context.Pool(8) as pool:
+        pending = pool.map_async(_create_once, [(path, w, start) for w in range(8)])
+        start.set()
+        winners = [w for w in pending.get() if w is not None]
+    assert len(winners) == 1 and json.loads(path.read_text())["worker"] == winners[0]
+    assert [p.name for p in path.parent.iterdir()] == ["mine.json"]
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ from evaluation.multiple_choice import question_ci
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score
 from extract.truthfulqa_pack import load_questions
+from truthfulqa.common import machine, result_path, select_questions
 from truthfulqa.judge import (ASK, DIMENSIONS, RUBRIC, agreement, cache_key, examples, judge_ids, judge_text,
                               read_cache)
 from truthfulqa.likelihood import _SLOT, context_text
@@ -149,8 +150,6 @@ def answer_text(tokenizer, new_ids: np.ndarray, stop: np.ndarray, max_new_tokens
 
 def run_generate(cfg: DictConfig, on_batch=None) -> Path:
     """mode=generate: generate (or resume), judge (cache first), write the result JSON, print the headline."""
-    from truthfulqa.run import machine, result_path, select_questions
-
     questions = select_questions(cfg)
     every = load_questions(cfg.get("data_path"))
     final = result_path(cfg)

@@ -42,51 +42,15 @@ from tqdm import tqdm
 
 from evaluation.cells import atomic_write, write_record
 from evaluation.multiple_choice import mc1_credit, mc2_verify, mc_scores, question_ci
-from extract.errors import check_name
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score
-from extract.truthfulqa_pack import Question, TruthfulQAError, count_duplicate_choices, load_questions
+from extract.truthfulqa_pack import Question, count_duplicate_choices
+from truthfulqa.common import machine, result_path, select_questions
 from truthfulqa.likelihood import LoglikScorer, question_requests
 from truthfulqa.schema import validate
 from truthfulqa.verify import NextTokenMass, encode, p_yes, prompt_record, verify_text, yes_no_ids
 
 log = logging.getLogger(__name__)
-
-
-def result_path(cfg: DictConfig) -> Path:
-    """<results_dir>/<model.name>/truthfulqa/<mode>-<format>[-<decoding>][-limit<N>].json"""
-    mode = cfg.get("mode", "likelihood")
-    decoding = f"-{decoding_tag(cfg.generate)}" if mode == "generate" else ""
-    suffix = f"-limit{int(cfg.limit)}" if cfg.get("limit") else ""
-    return (Path(cfg.results_dir) / check_name(cfg.model.name, "model.name") / "truthfulqa"
-            / f"{mode}-{cfg.format}{decoding}{suffix}.json")
-
-
-def decoding_tag(gen) -> str:
-    """greedy-n<max_new_tokens>, or sample-t<temperature>-p<top_p>-s<seed>-n<max_new_tokens>."""
-    if gen.temperature == 0:
-        return f"greedy-n{gen.max_new_tokens}"
-    return f"sample-t{gen.temperature:g}-p{gen.top_p:g}-s{gen.seed}-n{gen.max_new_tokens}"
-
-
-def machine(loaded) -> str:
-    """Where a run ran, as results record it: device, CPU model, cores, torch threads."""
-    import torch
-
-    from evaluation.provenance import host
-
-    gpu = f" ({torch.cuda.get_device_name(loaded.device)})" if loaded.device.type == "cuda" else ""
-    return f"{loaded.device}{gpu}; {host()}, {torch.get_num_threads()} torch threads"
-
-
-def select_questions(cfg: DictConfig) -> list[Question]:
-    questions = load_questions(cfg.get("data_path"))
-    limit = cfg.get("limit")
-    if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise TruthfulQAError(f"limit={limit!r}: give a positive number of questions (or null for all)")
-        questions = questions[:limit]
-    return questions
 
 
 def build_requests(tokenizer, fmt: str, questions: list[Question], system_prompt=None):

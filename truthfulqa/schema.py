@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
+from extract.errors import ToolkitError, check_count, check_name, check_writable
+from extract.schema import literal_config, ModelSchema, option, threads_option, typed_options
 
 MODES = ("likelihood", "verify", "generate")
 _HINTS = {"limit": "a whole number >= 1, or null for every question", "batch_size": "a whole number >= 1",
@@ -81,8 +81,9 @@ def validate(cfg: DictConfig) -> DictConfig:
         check_count(checked[key], key)
     gen = checked["generate"]
     check_count(gen["max_new_tokens"], "generate.max_new_tokens")
-    if checked["judge_references"] != 0:
-        check_count(checked["judge_references"], "judge_references")
+    refs = checked["judge_references"]
+    if isinstance(refs, bool) or not isinstance(refs, int) or refs < 0:
+        raise ToolkitError(f"judge_references={refs!r}: use 0 (every answer, the default) or a whole number >= 1")
     if gen["temperature"] < 0:
         raise ToolkitError(f"generate.temperature={gen['temperature']}: use 0 (greedy) or a positive temperature")
     if not 0 < gen["top_p"] <= 1:
@@ -91,4 +92,4 @@ def validate(cfg: DictConfig) -> DictConfig:
         judge_config(checked["judge"])                       # a judge that is not a model config: one line
     check_name(checked["model"]["name"], "model.name")
     check_writable(checked["results_dir"])
-    return OmegaConf.create(checked)
+    return literal_config(checked)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from evaluation.metrics import resampling_groups
-from extract.errors import ToolkitError, check_count, check_name
-from extract.schema import ModelSchema, check_writable, option, threads_option, typed_options
+from extract.errors import ToolkitError, check_count, check_name, check_writable
+from extract.schema import literal_config, ModelSchema, option, threads_option, typed_options
 from zero_shot.prompts import get_enumeration
 
 _HINTS = {"batch_size": "a whole number >= 1", "save_every": "a whole number >= 1", "limit": "a whole number >= 1, "
@@ -66,4 +66,4 @@ def validate(cfg: DictConfig) -> DictConfig:
     get_enumeration(checked["enumeration"])
     check_name(checked["model"]["name"], "model.name")
     check_writable(checked["results_dir"])
-    return OmegaConf.create(checked)
+    return literal_config(checked)

@@ -8,15 +8,19 @@ are `probes.base.kfold_splits` of the training split with the probe's seed, give
 sklearn is fitted on vectors standardised on the whole training split (LogisticRegressionCV cannot
 standardise per fold, the probe does), with class_weight="balanced", the probe's C grid, the
 class-balanced held-out log-loss as its CV score (the probe's cv_metric="log_loss"), and its default
-lbfgs settings (tol 1e-4, max_iter 100; --sk-tol / --sk-max-iter change them: tol 1e-6 converges
-like the probe but takes several times longer). Prints both times, their ratio, both chosen C, the test AUROC
-of both, and sklearn's most lbfgs iterations of a fit.
+lbfgs settings (tol 1e-4, max_iter 100: its CV losses differ from the converged ones in the third
+decimal) and tol 1e-6, max_iter 1000 (converged like the probe: the same CV losses to ~1e-4). Both run at the same thread count (torch's threads and
+every BLAS / OpenMP pool, `threadpoolctl`), one thread and all cores by default, alternating, `--repeats`
+times each: prints the median times, their ratio (and the range of the per-repeat ratios), both chosen C,
+the test AUROC of both, sklearn's most lbfgs iterations of a fit, and the load average at each start.
 
 Usage:  python -m experiments.bench.bench_linear --store /tmp/real/act/smollm2/city_locations.h5 --layer 16
 """
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 import warnings
 
@@ -24,6 +28,8 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegressionCV
 from sklearn.metrics import log_loss, roc_auc_score
+from threadpoolctl import threadpool_limits
+import torch
 
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
@@ -58,9 +64,12 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="fold seed (the probe's seed)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--Cs", type=float, nargs="+", default=[0.001, 0.01, 0.1, 1.0, 10.0])
-    ap.add_argument("--sk-tol", type=float, default=1e-4, help="LogisticRegressionCV tol")
-    ap.add_argument("--sk-max-iter", type=int, default=100, help="LogisticRegressionCV max_iter")
+    ap.add_argument("--sk-tol", type=float, nargs="+", default=[1e-4, 1e-6],
+                    help="LogisticRegressionCV tol of each sklearn variant (its default, then converged like ours)")
+    ap.add_argument("--sk-max-iter", type=int, nargs="+", default=[100, 1000], help="max_iter of each variant")
     ap.add_argument("--accelerator", default="cpu")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 0], help="thread counts to compare at (0: all cores)")
+    ap.add_argument("--repeats", type=int, default=3, help="fits of each per thread count (medians printed)")
     args = ap.parse_args(argv)
 
     features, y, train, test = load(args.store, args.layer)
@@ -71,29 +80,46 @@ def main(argv=None) -> None:
 
     LinearProbe(Cs=args.Cs, cv_folds=args.folds, seed=args.seed, accelerator=args.accelerator).fit(
         tr_feat.subset(np.arange(min(200, len(train)))), y[train][:200])  # warm-up: imports, first Trainer
-    probe = LinearProbe(Cs=args.Cs, cv_folds=args.folds, seed=args.seed, accelerator=args.accelerator)
-    started = time.perf_counter()
-    probe.fit(tr_feat, y[train])
-    ours = time.perf_counter() - started
-    ours_auroc = roc_auc_score(y[test], probe.decision_function(te_feat))
-
     mean, std = standardiser(tr_feat.X)
     Z_tr, Z_te = ((tr_feat.X - mean) / std).double().numpy(), ((te_feat.X - mean) / std).double().numpy()
-    sk = LogisticRegressionCV(Cs=list(args.Cs), cv=folds, class_weight="balanced", scoring=balanced_log_loss,
-                              tol=args.sk_tol, max_iter=args.sk_max_iter)
-    started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", (ConvergenceWarning, FutureWarning))
-        sk.fit(Z_tr, y[train])
-    theirs = time.perf_counter() - started
-    sk_auroc = roc_auc_score(y[test], sk.decision_function(Z_te))
 
-    p = probe.params()
-    print(f"LinearProbe            {ours:8.3f} s   C={p['C']:<8g} test AUROC {ours_auroc:.5f}   cv_loss {p['cv_loss']}")
-    print(f"LogisticRegressionCV   {theirs:8.3f} s   C={float(sk.C_[0]):<8g} test AUROC {sk_auroc:.5f}   "
-          f"cv_loss {(-sk.scores_[1].mean(0)).round(6).tolist()}   max lbfgs iterations {int(sk.n_iter_.max())}")
-    print(f"ratio (sklearn / ours) {theirs / ours:8.2f}x   |AUROC difference| {abs(ours_auroc - sk_auroc):.5f}")
+    def ours():
+        probe = LinearProbe(Cs=args.Cs, cv_folds=args.folds, seed=args.seed, accelerator=args.accelerator)
+        probe.fit(tr_feat, y[train])
+        return probe, roc_auc_score(y[test], probe.decision_function(te_feat))
 
+    def theirs(tol, max_iter):
+        sk = LogisticRegressionCV(Cs=list(args.Cs), cv=folds, class_weight="balanced", scoring=balanced_log_loss,
+                                  tol=tol, max_iter=max_iter)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", (ConvergenceWarning, FutureWarning))
+            sk.fit(Z_tr, y[train])
+        return sk, roc_auc_score(y[test], sk.decision_function(Z_te))
+
+    variants = {f"sklearn tol={tol:g} max_iter={it}": (tol, it) for tol, it in zip(args.sk_tol, args.sk_max_iter)}
+    for threads in args.threads:
+        n = os.cpu_count() if threads == 0 else threads
+        times, fitted = {"ours": [], **{v: [] for v in variants}}, {}
+        with threadpool_limits(limits=n):
+            torch.set_num_threads(n)
+            for _ in range(args.repeats):
+                for name in times:
+                    started = time.perf_counter()
+                    fitted[name] = ours() if name == "ours" else theirs(*variants[name])
+                    times[name].append(time.perf_counter() - started)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        probe, ours_auroc = fitted["ours"]
+        p = probe.params()
+        print(f"{n} thread(s), {args.repeats} repeats each, alternating (load average {os.getloadavg()[0]:.1f} after):")
+        print(f"  LinearProbe                      {med['ours']:8.3f} s   C={p['C']:<6g} test AUROC {ours_auroc:.5f}   "
+              f"cv_loss {p['cv_loss']}")
+        for name in variants:
+            sk, sk_auroc = fitted[name]
+            ratios = [b / a for a, b in zip(times["ours"], times[name])]
+            print(f"  {name:<32} {med[name]:8.3f} s   C={float(sk.C_[0]):<6g} test AUROC {sk_auroc:.5f}   "
+                  f"cv_loss {(-sk.scores_[1].mean(0)).round(6).tolist()}   max lbfgs iterations {int(sk.n_iter_.max())}")
+            print(f"    ratio of medians (sklearn / ours) {med[name] / med['ours']:6.2f}x   (per repeat "
+                  f"{min(ratios):.2f}-{max(ratios):.2f}x)   |AUROC difference| {abs(ours_auroc - sk_auroc):.5f}")
 
 if __name__ == "__main__":
     main()

@@ -7,9 +7,10 @@ import numpy as np
 import torch
 
 from evaluation.metrics import auroc
-from probes.base import (Probe, ProbeError, beyond_grid, check_C_limits, check_positive, kfold_splits, resolve_device,
+from probes.base import (Probe, ProbeError, check_positive, kfold_splits, resolve_device,
                          standardiser)
 from probes.features import Features
+from probes.grid import beyond_grid, check_C_grid, middle_of_grid
 from probes.samil.bags import matvec, segment_max
 from probes.samil.estimator import PreparedBags, SAwMIL, distinct_tokens, prepare_bags
 
@@ -78,9 +79,9 @@ class SAwMILProbe(Probe):
         for name in ("standardize", "warm_cv"):
             if not isinstance(getattr(self, name), bool):
                 raise ProbeError(f"{name}={getattr(self, name)!r}: use true or false")
+        check_C_grid(self.C, self.Cs, self.C_limits)
         for c in (self.Cs if self.C is None else (self.C,)):
             SAwMIL(C=c, **self._options).check_params()
-        check_C_limits(self.C_limits, self.Cs)
         for name in ("max_bag_size", "train_bag_limit"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name), integer=True)
@@ -138,7 +139,7 @@ class SAwMILProbe(Probe):
         cv_auroc = {} if self.C is not None else self._cross_validate(train, y, folds)
         C = self.C if self.C is not None else _best_C(cv_auroc) if cv_auroc else None
         if self.C is None and not cv_auroc:
-            C = self.Cs[len(self.Cs) // 2]  # too few groups for folds: the middle of the grid
+            C = middle_of_grid(self.Cs)  # too few groups for folds
         elif cv_auroc and folds:
             self.held_out_scores_ = self._held_scores[C]
         self._held_scores = {}
