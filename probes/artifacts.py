@@ -38,6 +38,7 @@ from evaluation.cells import CellError, read_cell
 from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal, check_procedure
 from extract.store import store_summary
 from extract.errors import ToolkitError
+from probes.card import is_card, read_card, save_card
 from probes.base import Probe, ProbeError, as_features, check_choice, check_class_labels, check_rows
 from probes.features import Features
 from probes.fitting import CALIBRATIONS, HeadBank, calibrate, conformal_input
@@ -199,6 +200,30 @@ class FittedProbe(ClassifierMixin, BaseEstimator):
         write_probe_cell(path, {**self.to_cell(), "metrics": {}, "test": {}}, self.heads)
         return path
 
+    def save_card(self, folder, store=None, overwrite: bool = False) -> Path:
+        """Write the probe as a probe card (probes.card: README.md with YAML metadata, model.safetensors,
+        config.json) at `folder`, its evaluation included where it was loaded from a result cell; `store` (an
+        ActivationStore) adds the sha256 of its statements. `load_probe(folder)` reads it back."""
+        return save_card(self, folder, store, overwrite)
+
+
+def check_classes(classes, labels: np.ndarray) -> list[int]:
+    """fit_probe's `classes` (None: [1] for 0/1 labels, else every label) as whole numbers that occur in
+    `labels` [n], each once: else one ProbeError line naming the bad value."""
+    if classes is None:
+        return [1] if labels.max() <= 1 else list(range(int(labels.max()) + 1))
+    items = list(classes) if isinstance(classes, (list, tuple, np.ndarray)) else None
+    if not items:
+        raise ProbeError(f"classes={classes!r}: give the labels with a head, e.g. classes=[1] (binary: y == 1) or "
+                         "classes=[0, 1, 2] (multiclass), or None for the default")
+    present = sorted(int(v) for v in np.unique(labels))
+    for c in items:
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or int(c) not in present:
+            raise ProbeError(f"classes={items!r}: {c!r} is not a label of y (its labels: {present}); give labels of y")
+    if len(set(int(c) for c in items)) < len(items):
+        raise ProbeError(f"classes={items!r}: a label is listed twice: list each once")
+    return [int(c) for c in items]
+
 
 def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None = None, groups=None,
               layer: int | None = None, store=None, alpha: float = 0.1, mondrian: bool = False,
@@ -254,7 +279,7 @@ def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None 
     if shared.size:
         raise ProbeError(f"train and cal share {shared.size} row(s) (e.g. {shared[0]}): calibrate on rows held out "
                          "from training, or the conformal sets lose their guarantee")
-    classes = classes or ([1] if labels.max() <= 1 else list(range(int(labels.max()) + 1)))
+    classes = check_classes(classes, labels)
     target = labels if len(classes) > 1 else (labels == classes[0]).astype(np.int64)
     folds = int(calibration_folds) if calibration.startswith("out_of_fold") else 0
     bank = HeadBank(template, features, labels, train, folds, int(seed), calibration == "out_of_fold_cv")
@@ -277,10 +302,17 @@ def calibrated_heads(bank: HeadBank, classes: list[int], target: np.ndarray, cal
 
 
 def load_probe(path) -> FittedProbe:
-    """The fitted probe of a result cell; `path` is the cell's .json or its .probe.safetensors. Anything
+    """The fitted probe of a result cell; `path` is the cell's .json, its .probe.safetensors or a probe card's
+    folder (probes.card, its files checked against their recorded sha256). Anything
     in the pair that cannot make a working probe (a block missing, heads of another shape or width than
     the cell records, NaN weights or thresholds, a `_target_` that is no probe class) is one CellError
     naming the cell, never a traceback or a probe that silently abstains."""
+    if is_card(path):
+        cell, tensors = read_card(path)
+        try:
+            return _probe_of_cell(cell, tensors)
+        except ToolkitError as err:
+            raise CellError(f"{path}: {err}; save the card again from its result cell") from None
     cell_file = cell_of_heads(Path(path))
     cell = read_cell(cell_file)
     try:
