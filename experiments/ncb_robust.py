@@ -1,6 +1,6 @@
 """Structure-aware and neutral-context probe training against the plain probe under stress (the probe analogue
 of SAT, Xu et al. 2601.05905), from the `python -m ncb` outputs of probes fitted with `train_probe
-augment=structure_aware | neutral` (ncb/augment.py) and of the plain probe of the same task, split, layer and
+augment=structure_aware | neutral` (probes/augment.py) and of the plain probe of the same task, split, layer and
 seed (the NCB folder whose name lacks `+<kind>`).
 
 Pairs: structure_aware - plain, neutral - plain, and structure_aware - neutral (the belief change a misleading

@@ -288,6 +288,8 @@ def config_error(err: Exception, hints: dict[str, str] | None = None) -> Toolkit
     `hints` maps an option to what it accepts (e.g. {"limit": "a whole number >= 1 or null"})."""
     key = getattr(err, "full_key", None) or "config"
     message = str(getattr(err, "msg", None) or err).strip().splitlines()[0].rstrip(".")
+    if "is not a ListConfig" in message:   # OmegaConf's words for a single value given to a list option
+        message = f"{getattr(err, 'value', None)!r} is not a list"
     accepts = (hints or {}).get(key)
     fix = f"give {key}= {accepts}" if accepts else f"correct {key}= on the command line"
     return ToolkitError(f"{key}: {message}; {fix}")

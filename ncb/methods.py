@@ -1,6 +1,6 @@
 """The two methods NCB reads: a saved probe at one layer (`method=<cell.json>`) and the zero-shot prompt
 (`method=zero_shot`). Each gives class probabilities [M, K] for the task's statements and scores the
-stress inputs (ncb.interference) the same way.
+stress inputs (contexts.interference) the same way.
 
 Probe: the cell's task, split and layer. The clean statements are read from the datapack's store; the
 stress inputs are extracted (extract.run.extract, resumable) into
@@ -35,7 +35,7 @@ from extract.scorer import Checkpoint, score
 from extract.statements import TRILEMMA, datapack_table
 from extract.store import KIND_STATEMENT, ActivationStore, check_same_model, store_path, store_summary
 from extract.schema import literal_config
-from ncb.stores import extract_inputs, input_store_name
+from contexts.stores import extract_inputs, input_store_name
 from probes.artifacts import load_probe
 from probes.features import layer_features
 from zero_shot.prompts import PromptRenderer, get_enumeration, option_token_ids
@@ -60,7 +60,7 @@ class Method:
     split    the split its cells use
     task     evaluation.tasks name; rows int [M] (table rows) and y int [M] their targets
     probs    float [M, K] class probabilities of `rows` (NaN rows: not scored)
-    score_stress  stress inputs (ncb.interference.perturbations) -> (probs [P, K], notes for stress.json)
+    score_stress  stress inputs (contexts.interference.perturbations) -> (probs [P, K], notes for stress.json)
     info     what stress.json records of the method
     """
     name: str

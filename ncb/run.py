@@ -3,7 +3,7 @@
 1. The method (ncb.methods) gives each statement of its task P(y), the probability of its correct label.
 2. Targets = the task's scored statements with at least one neighbour (ncb.neighbourhoods; the others
    are counted and skipped); ncb and ncb_arith of each; valid = the plain prediction (argmax) is right.
-3. Stress inputs (ncb.interference) for every test target; the high / low groups at each fraction are
+3. Stress inputs (contexts.interference) for every test target; the high / low groups at each fraction are
    drawn from the valid test targets that have stress inputs.
 4. Each (interference, level): accuracy of the method's plain prediction on the perturbed inputs of
    each group, its drop from the clean accuracy (1 for valid targets, so drop = 1 - accuracy), the
@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.cells import write_json, write_record
 from extract.errors import check_name
-from ncb.interference import perturbations
+from contexts.interference import perturbations
 from ncb.methods import Method, load_method, resolve
 from ncb.neighbourhoods import PARTS, ncb_scores, neighbourhoods, part_of_rows, select_groups
 from ncb.schema import validate

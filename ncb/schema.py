@@ -2,7 +2,7 @@
 
 Types (booleans included: `overwrite=no` is refused, never read as true) by the one typed parser,
 extract.schema.typed_options; then the ranges it cannot express, the zero-shot enumeration, the
-stress templates (ncb.interference.check_templates) and a writable results_dir. Level keys of the
+stress templates (contexts.interference.check_templates) and a writable results_dir. Level keys of the
 stress templates are text (`stress.interferences.peer.1='...'` replaces one level's template;
 `+stress.interferences.peer.7='...'` adds one), so two levels can never be pooled under one name.
 """
@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig
 from evaluation.tasks import TASKS
 from extract.errors import ToolkitError, check_count, check_name, check_writable
 from extract.schema import literal_config, InputStoreOptions, ModelSchema, option, threads_option, typed_options
-from ncb.interference import check_templates
+from contexts.interference import check_templates
 from zero_shot.prompts import get_enumeration
 
 Task = Enum("Task", {k: k for k in TASKS})

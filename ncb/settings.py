@@ -119,7 +119,7 @@ class Pool:
     y: np.ndarray             # int [M] their task targets
     statements: np.ndarray    # str [M]
     first: np.ndarray         # int [M] the direct answer's most probable option on the clean statement
-    inputs: pd.DataFrame      # their stress inputs (ncb.interference.COLUMNS), P rows
+    inputs: pd.DataFrame      # their stress inputs (contexts.interference.COLUMNS), P rows
     inputs_y: np.ndarray      # int [P]
     inputs_first: np.ndarray  # int [P] the direct answer's most probable option on each
 

@@ -5,7 +5,7 @@ datapack, method, task, split, layer, seed) (evaluation.cells). With several tas
 each layer is read once and its heads are fitted once for all of them (probes.fitting.HeadBank).
 
 With `augment=structure_aware | neutral` (conf/augment/) the heads are fitted on the training statements and
-on their copies under a context (ncb.augment: built from training statements only, extracted beside the
+on their copies under a context (probes.augment: built from training statements only, extracted beside the
 store), each copy with its statement's target and entity group; calibration and test stay the clean
 statements. The cells go under <probe>+<kind> and record the augmentation (`augment`).
 """
@@ -30,7 +30,7 @@ from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE, datapack_table
 from extract.store import ActivationStore, select_layers, store_path, store_summary
-from ncb.augment import Augmentation, augmentation
+from probes.augment import Augmentation, augmentation
 from probes.artifacts import build_probe, calibrated_heads
 from probes.saved_pair import write_probe_cell
 from probes.base import Probe, ProbeError, check_choice
@@ -157,7 +157,7 @@ def augmented_features(augment: Augmentation, store: ActivationStore, split, lay
                        features: Features, datapack: str) -> tuple[Features, np.ndarray, dict]:
     """(the N clean statements' features followed by the A augmented inputs' (grouped with their statement),
     int [A] the clean row of each augmented input, the cells' `augment` record); the inputs extracted at
-    `layer` first if their store is not complete (ncb.augment)."""
+    `layer` first if their store is not complete (probes.augment)."""
     extra = augment.store(store, split, layer, datapack)
     more = layer_features(extra, layer, template.representation, template.tokens)
     copies = augment.frame["target_row"].to_numpy(dtype=np.int64)

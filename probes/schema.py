@@ -19,7 +19,7 @@ Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
 TrainerLogger = Enum("TrainerLogger", {k: k for k in ("csv", "tensorboard")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
-AUGMENTS = ("structure_aware", "neutral")     # train_probe augment=<kind> (ncb.augment; conf/augment/)
+AUGMENTS = ("structure_aware", "neutral")     # train_probe augment=<kind> (probes.augment; conf/augment/)
 AugmentKind = Enum("AugmentKind", {k: k for k in AUGMENTS})
 _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",

@@ -278,7 +278,7 @@ def test_ncb_results_dir_under_a_file_is_refused_before_any_work(tmp_path, monke
 def test_ncb_template_with_an_unknown_field_is_refused_naming_it_and_the_allowed_fields(tmp_path, monkeypatch,
                                                                                         template, needle):
     import ncb.run as ncb_run
-    from ncb.interference import perturbations
+    from contexts.interference import perturbations
     from extract.statements import load_statements
 
     monkeypatch.setattr(ncb_run, "load_method", _expensive)
@@ -296,7 +296,7 @@ def test_ncb_template_with_an_unknown_field_is_refused_naming_it_and_the_allowed
 def test_ncb_documented_template_override_replaces_one_level(tmp_path):
     """`stress.interferences.peer.1='...'` (the README's form) replaces level 1's template; `+` on an
     existing level is refused by Hydra; a level key that is not text is refused (never pooled)."""
-    from ncb.interference import perturbations
+    from contexts.interference import perturbations
     from extract.statements import load_statements
 
     cfg = ncb_cfg("method=zero_shot", "stress.interferences.peer.1='Two friends told me that {false}.'",
@@ -360,7 +360,7 @@ def test_ncb_zero_shot_task_is_refused_before_the_zero_shot_scoring(mini_pack, t
 
 def _stress_frame(n: int = 6) -> pd.DataFrame:
     from extract.statements import load_statements
-    from ncb.interference import perturbations
+    from contexts.interference import perturbations
 
     stress = OmegaConf.to_container(ncb_cfg("method=zero_shot").stress)
     table = load_statements("city_locations").iloc[:60]

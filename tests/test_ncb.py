@@ -15,7 +15,7 @@ from extract.capture import render
 from extract.config import compose_config
 from extract.statements import load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT
-from ncb.interference import perturbations
+from contexts.interference import perturbations
 from ncb.neighbourhoods import ncb_scores, neighbourhoods, part_of_rows, py_bins, select_groups
 from tests.helpers import assert_one_error_line, run_module, whole_cities_csv
 

@@ -1,4 +1,4 @@
-"""Issue 31, parts 3-4: structure-aware probe training and its neutral control (ncb/augment.py, `train_probe
+"""Issue 31, parts 3-4: structure-aware probe training and its neutral control (probes/augment.py, `train_probe
 augment=structure_aware | neutral`) and the paired comparison of their stress drops and clean metrics with the
 plain probe's (experiments/ncb_robust.py)."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from evaluation.splits import Split, make_split
 from extract.config import compose_config
 from extract.errors import ToolkitError
 from extract.statements import load_statements
-from ncb.augment import training_inputs
-from ncb.interference import as_clause, control_text
+from probes.augment import training_inputs
+from contexts.interference import as_clause, control_text
 from probes.features import Features
 from probes.pipeline import training_rows
 from tests.helpers import whole_cities_csv
@@ -155,7 +155,7 @@ def test_augmented_fit_trains_on_the_copies_and_its_cells_carry_the_option(tmp_p
     (the extraction is the slow test's): the cells go under linear+structure_aware with the option, the
     augmentation and the same test rows as the plain cell's; the plain cell holds no augment key."""
     from extract.store import ActivationStore
-    from ncb.augment import Augmentation
+    from probes.augment import Augmentation
     from probes.artifacts import load_probe
     from probes.features import layer_features
     from probes.pipeline import train_probes

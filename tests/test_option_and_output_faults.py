@@ -53,6 +53,7 @@ def test_a_read_only_output_folder_is_one_line_not_hydras_traceback(read_only, t
     ("train_probe", ["tasks=[]"], "tasks=[]: give at least one"),
     ("train_probe", ["tasks=[multiclass,multiclass]"], "listed more than once"),
     ("train_probe", ["overwrite=1"], "overwrite=1: use true or false"),
+    ("train_probe", ["tasks=multiclass"], "tasks: 'multiclass' is not a list"),   # was "AnyNode is not a ListConfig"
     ("zero_shot", ["modes=[]"], "modes=[]: give at least one, e.g. modes=[argmax,conformal]"),
     ("zero_shot", ["tasks=[]"], "tasks=[]: give at least one"),
     ("extract", ["overwrite=0"], "overwrite=0: use true or false"),

@@ -1,5 +1,5 @@
-"""Stores of inputs with a context (ncb.interference frames): the stress inputs of `python -m ncb` and the
-augmented training inputs of `train_probe augment=...` (ncb.augment), each extracted at the layers that read
+"""Stores of inputs with a context (contexts.interference frames): the stress inputs of `python -m ncb` and the
+augmented training inputs of `train_probe augment=...` (probes.augment), each extracted at the layers that read
 them (one forward pass serves probes at several layers) into a store of its own beside the clean one,
 
     <store_dir>/<model>/<datapack>.<purpose>.<split kind>-seed<split seed>.L<layer>[-<layer>...].h5  (+ .csv)
@@ -17,7 +17,7 @@ from extract.errors import check_name
 from extract.run import extract
 from extract.store import ActivationStore, store_path
 from extract.schema import literal_config
-from ncb.interference import write_datapack
+from contexts.interference import write_datapack
 
 
 def input_store_name(datapack: str, purpose: str, split: Split, layers: list[int]) -> str:
@@ -29,7 +29,7 @@ def input_store_name(datapack: str, purpose: str, split: Split, layers: list[int
 
 def extract_inputs(frame: pd.DataFrame, name: str, model: dict, store_dir: str, layers: list[int], dtype: str,
                    overwrite: bool, options: dict) -> ActivationStore:
-    """The inputs of `frame` (ncb.interference.COLUMNS) written as the datapack CSV `<name>.csv` and extracted
+    """The inputs of `frame` (contexts.interference.COLUMNS) written as the datapack CSV `<name>.csv` and extracted
     at `layers` into the store `<store_dir>/<model name>/<name>.h5` (resumed where a run stopped; overwrite:
     re-extracted). model: the model's config (conf/model/); dtype: the stored dtype (the clean store's);
     options: batch_tokens, window_tokens, window_mb (as python -m extract)."""

@@ -14,7 +14,7 @@ The templates (conf/stress/default.yaml, `stress:`) map each interference to {le
 template has for the same target, so the control has the same length without any claim. A target
 without the claims a template needs gets no input for it. Each context ends in a newline, so the
 target's own tokens keep their ids (extract.capture.render; checked again on the extracted store).
-Each input records the table rows its claims quote (`claim_rows`); `sources` restricts them (ncb.augment:
+Each input records the table rows its claims quote (`claim_rows`); `sources` restricts them (probes.augment:
 training statements only).
 """
 from __future__ import annotations

@@ -2,11 +2,11 @@
 the augmented training inputs of `python -m train_probe augment=structure_aware | neutral`.
 
 structure_aware  every training-part statement about an entity, under each stress context of conf/stress/
-                 (ncb.interference.perturbations) whose claims quote training-part statements only
+                 (contexts.interference.perturbations) whose claims quote training-part statements only
                  (sources = split.train): the target's entity is a training entity, and the neighbour claim
                  is drawn among training statements, so no calibration or test entity enters training.
 neutral          the control: the same inputs (targets, number, each context's word count), every context
-                 replaced by the neutral passage cut to its word count (ncb.interference.control_text): a
+                 replaced by the neutral passage cut to its word count (contexts.interference.control_text): a
                  context is present, no claim is. Against structure_aware it separates a shift caused by any
                  context from a change of belief under a misleading one.
 
@@ -15,7 +15,7 @@ the context) and its target's entity as its group (cross-validation folds keep a
 augmented rows together). per_statement=k keeps k inputs of each target, drawn with the run's seed (the
 same draw for both kinds). The inputs are extracted at one layer into
 `<store_dir>/<model>/<datapack>.augment-<kind>[-k<k>-seed<s>].<split>-seed<split seed>.L<layer>.h5`
-(ncb.stores).
+(contexts.stores).
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ import pandas as pd
 from evaluation.splits import Split
 from extract.errors import ToolkitError
 from extract.store import ActivationStore, check_same_model, store_summary
-from ncb.interference import control_text, perturbations
-from ncb.stores import extract_inputs, input_store_name
+from contexts.interference import control_text, perturbations
+from contexts.stores import extract_inputs, input_store_name
 from probes.schema import AUGMENTS
 
 
 def training_inputs(table: pd.DataFrame, split: Split, stress: dict, neutral: str, kind: str,
                     per_statement: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """The augmented inputs (ncb.interference.COLUMNS) of the training statements of `split` that have an
+    """The augmented inputs (contexts.interference.COLUMNS) of the training statements of `split` that have an
     entity (object_1): `kind` structure_aware or neutral (see the module docstring)."""
     if kind not in AUGMENTS:
         raise ToolkitError(f"augment.kind={kind!r}: use one of {', '.join(AUGMENTS)}")
@@ -56,9 +56,9 @@ class Augmentation:
     """The augmented training inputs of one run and where their stores go.
 
     kind, per_statement  the options (conf/augment/)
-    frame    the inputs (ncb.interference.COLUMNS), A rows: target_row (the clean table row), label, ...
-    name     the stores' purpose, augment-<kind>[-k<k>-seed<s>] (ncb.stores.input_store_name)
-    model, store_dir, options, overwrite   how they are extracted (ncb.stores.extract_inputs)
+    frame    the inputs (contexts.interference.COLUMNS), A rows: target_row (the clean table row), label, ...
+    name     the stores' purpose, augment-<kind>[-k<k>-seed<s>] (contexts.stores.input_store_name)
+    model, store_dir, options, overwrite   how they are extracted (contexts.stores.extract_inputs)
     """
     kind: str
     per_statement: int | None
