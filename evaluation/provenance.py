@@ -66,16 +66,21 @@ def _git_state() -> tuple[str | None, bool | None]:
 
 
 def page_command() -> str:
-    """The running command as a results page prints it: every absolute path argument (`key=/abs/path` or a bare
-    `/abs/path`) replaced by a placeholder (`key=<key>`, `<path>`), so the page names no folder of the machine that
-    wrote it."""
-    words = []
-    for word in provenance()["command"]:
+    """The running command as a results page prints it (`shown_command`), so the page names no folder of the
+    machine that wrote it."""
+    return shown_command(provenance()["command"])
+
+
+def shown_command(command: list[str]) -> str:
+    """A recorded command (argv words) with every absolute path argument (`key=/abs/path`, `--key /abs/path` or a
+    bare `/abs/path`) replaced by a placeholder (`key=<key>`, `--key <key>`, `<path>`)."""
+    words: list[str] = []
+    for word in command:
         key, sep, value = word.partition("=")
         if sep and value.startswith("/"):
             word = f"{key}=<{key.split('.')[-1]}>"
         elif word.startswith("/") and words:
-            word = "<path>"
+            word = f"<{words[-1][2:]}>" if words[-1].startswith("--") else "<path>"
         words.append(word)
     return " ".join(words)
 
