@@ -35,22 +35,23 @@ def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
     stored_layers (the store's layer list where the cell records it, else None), flag (cell_flag),
     metrics, path; everything is read from the cells themselves (evaluation.cells)."""
     root = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data")
-    rows = []
-    for path in sorted(root.glob("*/*/*/layer=*/seed=*.json")):
-        cell = report_cell(path, results_dir)
-        config, m = cell["config"], cell["metrics"]
-        rows.append({"probe": method_of(cell), "task": config["task"]["name"],
-                     "split": cell["split"]["kind"], "layer": cell["layer"], "seed": config["seed"],
-                     "n_layers": cell.get("store", {}).get("n_layers"),
-                     "stored_layers": cell.get("store", {}).get("layers"), "flag": cell_flag(cell),
-                     "cal_mcc": cell.get("calibration_metrics", {}).get("mcc_all"),
-                     **{k: m.get(k) for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
-                     "settings": settings_key(config), "commit": commit_of(cell), "path": str(path)})
+    rows = [cell_row(path, report_cell(path, results_dir)) for path in sorted(root.glob("*/*/*/layer=*/seed=*.json"))]
     if not rows:
         raise CellError(f"no result cells under {root}: run `python -m train_probe` first")
     cells = pd.DataFrame(rows)
     cells["layer"] = cells["layer"].astype("Int64")
     return flag_mixed_settings(cells)
+
+
+def cell_row(path: Path, cell: dict) -> dict:
+    """A cell as one row of `load_cells`' table."""
+    config, m = cell["config"], cell["metrics"]
+    return {"probe": method_of(cell), "task": config["task"]["name"], "split": cell["split"]["kind"],
+            "layer": cell["layer"], "seed": config["seed"], "n_layers": cell.get("store", {}).get("n_layers"),
+            "stored_layers": cell.get("store", {}).get("layers"), "flag": cell_flag(cell),
+            "cal_mcc": cell.get("calibration_metrics", {}).get("mcc_all"),
+            **{k: m.get(k) for k in METRICS}, **{f"{k}_ci": m.get(f"{k}_ci") for k in ("mcc", "wmcc")},
+            "settings": settings_key(config), "commit": commit_of(cell), "path": str(path)}
 
 
 MIXED = "mixed_settings"   # cell_flag's word for a cell ranked beside cells of its (probe, task, split) made otherwise
@@ -253,29 +254,21 @@ def layer_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 def results_table(paths: list[Path]) -> str:
     """What a train_probe run found, as lm-evaluation-harness prints its results: per (probe, task, split) of
-    the cells at `paths`, the layer with the highest calibration MCC and its test MCC [95 % interval], W-MCC,
-    acceptance and flag (one row when the run had one layer)."""
-    rows = []
-    for path in paths:
-        cell = read_cell(path)
-        m = cell["metrics"]
-        rows.append({"probe": method_of(cell), "task": cell["config"]["task"]["name"], "split": cell["split"]["kind"],
-                     "layer": cell["layer"], "cal": (cell.get("calibration_metrics") or {}).get("mcc_all"),
-                     "mcc": m.get("mcc"), "ci": m.get("mcc_ci"), "wmcc": m.get("wmcc"),
-                     "acceptance": m.get("acceptance"), "flag": cell_flag(cell)})
-    best = {}
-    for r in rows:
-        key = (r["probe"], r["task"], r["split"])
-        if key not in best or (r["cal"] is not None and (best[key]["cal"] is None or r["cal"] > best[key]["cal"])):
-            best[key] = r
-    layers = {k: sum((r["probe"], r["task"], r["split"]) == k for r in rows) for k in best}
+    the cells at `paths`, the best layer (best_layers: highest calibration MCC) with its test MCC [95 %
+    interval], W-MCC, acceptance and flag, and how many layers the run had."""
+    cells = pd.DataFrame([cell_row(Path(p), report_cell(Path(p))) for p in paths])
+    cells["layer"] = cells["layer"].astype("Int64")
+    table = layer_table(cells)
+    layered, unlayered = table[table["layer"].notna()], table[table["layer"].isna()]
+    best = pd.concat([best_layers(layered), unlayered]) if len(layered) else unlayered
+    counts = cells.groupby(["probe", "task", "split"]).size()
 
-    def num(x, fmt=".3f"):
-        return "-" if x is None else format(x, fmt)
+    def num(x):
+        return "-" if x is None or pd.isna(x) else f"{x:.3f}"
 
-    lines = [[r["probe"], r["task"], r["split"], layers[k], "none" if r["layer"] is None else r["layer"],
-              num(r["cal"]), f"{num(r['mcc'])} [{num((r['ci'] or [None])[0])}, {num((r['ci'] or [None, None])[1])}]",
-              num(r["wmcc"]), num(r["acceptance"]), r["flag"] or ""] for k, r in sorted(best.items())]
+    lines = [[r.probe, r.task, r.split, counts[(r.probe, r.task, r.split)], "none" if pd.isna(r.layer) else int(r.layer),
+              num(r.cal_mcc), f"{num(r.mcc)} [{num(r.mcc_lo)}, {num(r.mcc_hi)}]", num(r.wmcc), num(r.acceptance),
+              r.flag or ""] for r in best.sort_values(["probe", "task", "split"]).itertuples()]
     return markdown_table(["probe", "task", "split", "layers", "best layer", "cal. MCC", "test MCC [95 %]", "W-MCC",
                            "acceptance", "flag"], lines)
 
