@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from evaluation.tracking import check_tracker, tracking
 from evaluation.cells import CellError, WrittenMeanwhile, cell_path, cell_test, result_cell, write_cell, write_record
 from evaluation.cell_metrics import cell_metrics, datapack_metrics
 from evaluation.metrics import resampling_groups
@@ -70,9 +71,11 @@ def transfer_path(results_dir, cell: dict, eval_datapack: str) -> Path:
     return own.parents[5] / folder / own.relative_to(own.parents[4])
 
 
-def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwrite: bool = False) -> Path:
+def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwrite: bool = False,
+                   tracker=None) -> Path:
     """Score `eval_datapack`'s store of the probe's model with the probe of `cell_file`; returns the
-    transfer cell's path (an existing one is kept unless `overwrite`)."""
+    transfer cell's path (an existing one is kept unless `overwrite`); `tracker` (evaluation.tracking) logs the
+    cell written."""
     probe, config = trained_probe(cell_file)
     path = transfer_path(results_dir, probe.cell, eval_datapack)
     if path.exists() and not overwrite:
@@ -110,6 +113,8 @@ def apply_to_store(cell_file, eval_datapack: str, store_dir, results_dir, overwr
         test=cell_test(positions, y, groups, out["scores"], out["probs"], out["sets"], out["pred"]))
     try:
         write_cell(path, cell, replace=overwrite)
+        if tracker is not None:
+            tracker.log_cell(path)
     except WrittenMeanwhile:     # another run of this probe on this store: the same cell, kept
         log.info("%s was written meanwhile by another run of this probe and store: kept", path)
     log.info("%s -> %s: MCC %.3f, W-MCC %.3f, acceptance %.3f (%d statements): %s", config["data"]["name"],
@@ -186,6 +191,7 @@ def validate(cfg: DictConfig) -> dict:
     if checked["name"] is not None:
         check_name(checked["name"], "name")
     resolve_device(checked["device"], "device")
+    check_tracker(checked["tracker"])
     return checked
 
 
@@ -241,8 +247,9 @@ def apply(cfg: DictConfig):
     if given == ["data"]:
         if not isinstance(opts["data"], dict) or opts["data"].get("name") is None:
             raise ToolkitError("data= names no datapack: give data=<datapack> (or data=csv data.name=<store name>)")
-        return apply_to_store(opts["cell"], opts["data"]["name"], opts["store_dir"], opts["results_dir"],
-                              opts["overwrite"])
+        with tracking(opts["tracker"], opts["tracker_dir"], opts["results_dir"]) as tracker:
+            return apply_to_store(opts["cell"], opts["data"]["name"], opts["store_dir"], opts["results_dir"],
+                                  opts["overwrite"], tracker)
     statements = text_statements(text) if given == ["text"] else csv_statements(opts["csv"])
     if not statements or any(s == "" for s in statements):
         raise ToolkitError(f"{given[0]}=: an empty statement or none at all: give text to score")

@@ -163,7 +163,8 @@ def check_cell_source(path: Path, cell: dict, model: str, datapack: str) -> None
 
 
 # options that say where and how a run ran, not what its cell holds (a rerun may change them freely)
-RUN_OPTIONS = frozenset({"store_dir", "results_dir", "threads", "layer", "overwrite", "trainer", "workers"})
+RUN_OPTIONS = frozenset({"store_dir", "results_dir", "threads", "layer", "overwrite", "trainer", "workers", "tracker",
+                         "tracker_dir"})
 
 
 def _flat(value, prefix: str = "") -> dict:

@@ -26,6 +26,7 @@ from evaluation.conformal import check_procedure
 from evaluation.cell_metrics import cell_metrics, datapack_metrics, raw_auroc
 from evaluation.metrics import mcc, plain_prediction, resampling_groups
 from evaluation.splits import entity_groups, make_split
+from evaluation.tracking import tracking
 from evaluation.tasks import POSITIVE, TASKS, task_targets
 from extract.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE, datapack_table
@@ -78,42 +79,45 @@ def train_probes(cfg: DictConfig) -> list[Path]:
             OmegaConf.to_container(cfg.augment, resolve=True), table, split,
             OmegaConf.to_container(cfg.model, resolve=True), str(cfg.store_dir), int(cfg.seed), bool(cfg.overwrite))
         desc = f"{cfg.probe.name} {tasks[0] if len(tasks) == 1 else f'{len(tasks)} tasks'}"
-        for k in tqdm(todo, desc=desc, unit="layer"):
-            features = controls if store is None else layer_features(store, k, template.representation, template.tokens)
-            features.groups, features.negation, features.pair = groups, negation, pair
-            copies, note = np.zeros(0, dtype=np.int64), None   # copies: the clean row of each augmented row
-            if augment is not None:
-                features, copies, note = augmented_features(augment, store, split, k, template, features, cfg.data.name)
-            all_labels = np.concatenate([labels, labels[copies]])
-            banks: dict[bytes, tuple[HeadBank, dict, np.ndarray]] = {}   # one bank per set of statements
-            fits_log = Path(cfg.results_dir, "logs", "lightning", cfg.model.name, cfg.data.name, cfg.probe.name,
-                            f"layer={k}")
-            for t in todo[k]:
-                rows, y = targets[t]
-                key = rows.tobytes()
-                if key not in banks:
-                    bank_rows, parts, copied = training_rows(rows, split, copies, len(labels))
-                    order = np.arange(len(bank_rows))       # label order: the training part permuted for a null
-                    if cfg.shuffle_labels:
-                        order[parts["train"]] = shuffled_positions(parts["train"], int(cfg.seed))
-                    banks[key] = (HeadBank(template, features.subset(bank_rows), all_labels[bank_rows][order],
-                                           parts["train"], _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)),
-                                  parts, copied, order)
-                bank, parts, copied, order = banks[key]
-                with trainer_logging(cfg.trainer.logger, fits_log):
-                    cell, heads = task_cell(cfg, t, bank, np.concatenate([y, y[copied]])[order], parts,
-                                            head_classes(t), k, split.summary(),
-                                            feature_summary(cfg, kind, features) if store is None else
-                                            store_summary(store))
-                cell["metrics"].update(datapack_metrics(cfg.data.name, t, table, rows[parts["test"]],
-                                                        cell["test"]["probs"], cfg.seed, cfg.n_boot))
-                if kind != "activations" or cfg.shuffle_labels:
-                    cell["method"].update(features=kind, shuffle_labels=bool(cfg.shuffle_labels))
+        with tracking(cfg.tracker, cfg.tracker_dir, cfg.results_dir) as tracker:
+            for k in tqdm(todo, desc=desc, unit="layer"):
+                features = controls if store is None else layer_features(store, k, template.representation, template.tokens)
+                features.groups, features.negation, features.pair = groups, negation, pair
+                copies, note = np.zeros(0, dtype=np.int64), None   # copies: the clean row of each augmented row
                 if augment is not None:
-                    cell["method"]["augment"] = augment.kind
-                    cell["augment"] = {**note, "n_training_inputs": int(len(copied))}
-                if not write_probe_cell(paths[t, k], cell, heads, overwrite=bool(cfg.overwrite)):
-                    log.info("%s was written meanwhile by another run with the same settings: kept", paths[t, k])
+                    features, copies, note = augmented_features(augment, store, split, k, template, features, cfg.data.name)
+                all_labels = np.concatenate([labels, labels[copies]])
+                banks: dict[bytes, tuple[HeadBank, dict, np.ndarray]] = {}   # one bank per set of statements
+                fits_log = Path(cfg.results_dir, "logs", "lightning", cfg.model.name, cfg.data.name, cfg.probe.name,
+                                f"layer={k}")
+                for t in todo[k]:
+                    rows, y = targets[t]
+                    key = rows.tobytes()
+                    if key not in banks:
+                        bank_rows, parts, copied = training_rows(rows, split, copies, len(labels))
+                        order = np.arange(len(bank_rows))       # label order: the training part permuted for a null
+                        if cfg.shuffle_labels:
+                            order[parts["train"]] = shuffled_positions(parts["train"], int(cfg.seed))
+                        banks[key] = (HeadBank(template, features.subset(bank_rows), all_labels[bank_rows][order],
+                                               parts["train"], _calibration_folds(cfg), int(cfg.seed), _share_folds(cfg)),
+                                      parts, copied, order)
+                    bank, parts, copied, order = banks[key]
+                    with trainer_logging(cfg.trainer.logger, fits_log):
+                        cell, heads = task_cell(cfg, t, bank, np.concatenate([y, y[copied]])[order], parts,
+                                                head_classes(t), k, split.summary(),
+                                                feature_summary(cfg, kind, features) if store is None else
+                                                store_summary(store))
+                    cell["metrics"].update(datapack_metrics(cfg.data.name, t, table, rows[parts["test"]],
+                                                            cell["test"]["probs"], cfg.seed, cfg.n_boot))
+                    if kind != "activations" or cfg.shuffle_labels:
+                        cell["method"].update(features=kind, shuffle_labels=bool(cfg.shuffle_labels))
+                    if augment is not None:
+                        cell["method"]["augment"] = augment.kind
+                        cell["augment"] = {**note, "n_training_inputs": int(len(copied))}
+                    if not write_probe_cell(paths[t, k], cell, heads, overwrite=bool(cfg.overwrite)):
+                        log.info("%s was written meanwhile by another run with the same settings: kept", paths[t, k])
+                    elif tracker is not None:
+                        tracker.log_cell(paths[t, k])
     return [paths[t, k] for k in layers for t in tasks]
 
 

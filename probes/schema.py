@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from evaluation.tracking import check_tracker
 from extract.errors import ToolkitError, check_count, check_writable
 from extract.schema import literal_config, InputStoreOptions, option, threads_option, typed_options
 
@@ -19,18 +20,19 @@ Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
 TrainerLogger = Enum("TrainerLogger", {k: k for k in ("csv", "tensorboard")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
+Tracker = Enum("Tracker", {k: k for k in ("mlflow", "tensorboard")})   # evaluation.tracking.TRACKERS
 AUGMENTS = ("structure_aware", "neutral")     # train_probe augment=<kind> (probes.augment; conf/augment/)
 AugmentKind = Enum("AugmentKind", {k: k for k in AUGMENTS})
 _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed": "a whole number", "split_seed": "a whole number", "n_boot": "a whole number >= 1",
           "alpha": "a number in (0, 1), e.g. 0.1", "mondrian": "true or false", "overwrite": "true or false",
           "calibration_folds": "a whole number >= 2", "bootstrap": "cluster or iid",
           "calibration": "out_of_fold, out_of_fold_cv or in_sample", "trainer.accelerator": "auto, cpu or gpu",
-          "trainer.logger": "csv, tensorboard or null", "augment.kind": f"one of {', '.join(AUGMENTS)}",
+          "trainer.logger": "csv, tensorboard or null", "tracker": "mlflow, tensorboard or null", "augment.kind": f"one of {', '.join(AUGMENTS)}",
           "augment.per_statement": "a whole number >= 1, or null for every context",
           "augment.extract.batch_tokens": "a whole number >= 1", "augment.extract.window_mb": "a whole number >= 1"}
 APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
                "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)",
-               "device": "auto, cpu, cuda or mps"}
+               "device": "auto, cpu, cuda or mps", "tracker": "mlflow, tensorboard or null"}
 
 
 @dataclass
@@ -76,6 +78,10 @@ class TrainProbeSchema:
                            "<probe>+text / +surprisal at layer=none")
     shuffle_labels: bool = option(False, "true: the training labels permuted (by seed) before fitting: the null "
                                   "floor, cells under <probe>+shuffled")
+    tracker: Optional[Tracker] = option(None, "mlflow | tensorboard: log every cell written to that tracker "
+                                        "(evaluation/tracking.py); null: none")
+    tracker_dir: Optional[str] = option(None, "the tracker's folder; null: mlruns/ (mlflow) or tensorboard/ beside "
+                                        "results_dir")
     threads: Any = threads_option()
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     augment: Optional[AugmentSchema] = option(None, "augment=structure_aware | neutral (a config group)")
@@ -97,6 +103,10 @@ class ApplyProbeSchema:
                                     "output of the same name")
     batch_tokens: int = option(4096, "padded tokens per forward pass (text= / csv=)")
     device: str = option("auto", "where the model runs for text= / csv=: auto | cpu | cuda | cuda:N | mps")
+    tracker: Optional[Tracker] = option(None, "mlflow | tensorboard: log every cell written to that tracker "
+                                        "(evaluation/tracking.py); null: none")
+    tracker_dir: Optional[str] = option(None, "the tracker's folder; null: mlruns/ (mlflow) or tensorboard/ beside "
+                                        "results_dir")
     threads: Any = threads_option()
 
 
@@ -125,5 +135,6 @@ def validate(cfg: DictConfig) -> DictConfig:
         from probes.trainer import check_logger
 
         check_logger(checked["trainer"]["logger"])
+    check_tracker(checked["tracker"])
     check_writable(checked["results_dir"])
     return literal_config(checked)
