@@ -26,6 +26,7 @@ answer_help(__name__, "apply_probe", ApplyProbeSchema)   # before the imports be
 
 import logging
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.tracking import check_tracker, tracking
-from evaluation.cells import CellError, WrittenMeanwhile, cell_path, cell_test, result_cell, write_cell, write_record
+from evaluation.cells import (CellError, WrittenMeanwhile, atomic_write, cell_path, cell_test, result_cell, write_cell,
+                              write_record)
 from evaluation.cell_metrics import cell_metrics, datapack_metrics
 from evaluation.metrics import resampling_groups
 from evaluation.splits import entity_groups
@@ -47,9 +49,11 @@ from extract.statements import LABELS
 from extract.store import ActivationStore, StoreError, check_same_model, store_path, store_summary
 from probes.artifacts import FittedProbe, load_probe
 from probes.features import layer_features
+from probes.token_view import token_view, view_html
 
 log = logging.getLogger("apply_probe")
 QUOTED, RENAMED = ("cell", "csv", "text"), {"probe": "cell"}   # values taken as written; probe= means cell=
+MAX_VIEW = 50      # statements on one per-token page at most
 
 
 def trained_probe(cell_file) -> tuple[FittedProbe, dict]:
@@ -135,33 +139,46 @@ def class_names(task: str) -> list[str]:
 
 
 def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir, name: str = "text",
-                        batch_tokens: int = 4096, device: str = "auto", overwrite: bool = False) -> Path:
+                        batch_tokens: int = 4096, device: str = "auto", overwrite: bool = False,
+                        view: str | None = None) -> Path:
     """Score `statements` with the probe of `cell_file`, extracting them now with the model of the
     probe's store (its recorded config); prints one line per statement and writes
     <results_dir>/<model>/apply/<name>.<datapack>.<method>.<task>.layer=<k>.seed=<s>.json (an earlier
-    one is refused before any work unless `overwrite`: give another `name`)."""
+    one is refused before any work unless `overwrite`: give another `name`): per statement its probabilities,
+    set and label, and its tokens (those the probe reads) with their scores at the probe's layer
+    (FittedProbe.token_scores). `view="html"`: the per-token page beside it (.html, every stored layer)."""
     probe, config = trained_probe(cell_file)
     model, train = config["model"]["name"], config["data"]["name"]
     stem = ".".join([name, train, config["probe"]["name"], config["task"]["name"], f"layer={probe.layer}",
                      f"seed={config['seed']}"])
     out_path = Path(results_dir) / check_name(model, "model.name") / "apply" / f"{check_name(stem, 'name')}.json"
-    if out_path.exists() and not overwrite:
-        raise ToolkitError(f"{out_path} exists (an earlier run with name={name}): give name=<another name>, or "
-                           "overwrite=true to replace it")
+    outputs = [out_path] + ([out_path.with_suffix(".html")] if view else [])
+    for path in outputs:
+        if path.exists() and not overwrite:
+            raise ToolkitError(f"{path} exists (an earlier run with name={name}): give name=<another name>, or "
+                               "overwrite=true to replace it")
+    if view and len(statements) > MAX_VIEW:
+        raise ToolkitError(f"view=html shows at most {MAX_VIEW} statements ({len(statements)} given): score them "
+                           "without view=, or view a few")
     with ActivationStore(store_path(store_dir, model, train)) as store:
         attrs, where = store.attrs, f"the model recorded in {store.path}"
     loaded = store_model(attrs, device)
     check_same_model(probe.store, {**attrs, **model_attrs(loaded)}, where)
-    memory = extract_statements(loaded, statements, probe.layer, attrs["dtype"], batch_tokens)
+    memory = extract_statements(loaded, statements, [int(k) for k in attrs["layers"]] if view else probe.layer,
+                                attrs["dtype"], batch_tokens)
     out = probe.score_all(layer_features(memory, probe.layer, probe.representation, probe.tokens))
     names = class_names(config["task"]["name"])
+    token_text = partial(token_strings, loaded.tokenizer)
+    views = [token_view(probe, memory, i, text, token_text, names, None if view else [probe.layer])
+             for i, text in enumerate(statements)]
     results = []
     for i, text in enumerate(statements):
         in_set = [names[k] for k in np.flatnonzero(out["sets"][i])]
         pred = int(out["pred"][i])
         results.append({"statement": text, "probs": dict(zip(names, out["probs"][i].tolist())),
                         "set": in_set, "pred": names[pred] if pred >= 0 else None,
-                        "scores": out["scores"][i].tolist()})
+                        "scores": out["scores"][i].tolist(), "tokens": views[i]["tokens"],
+                        "token_scores": views[i]["layers"][probe.layer]["scores"]})
         probs = ", ".join(f"p({n})={p:.3f}" for n, p in zip(names, out["probs"][i]))
         print(f"{probs}  set={{{', '.join(in_set)}}}  {'-> ' + names[pred] if pred >= 0 else 'abstains'}  {text}")
     record = {"probe_cell": str(cell_file), "model": config["model"]["name"], "train_data": config["data"]["name"],
@@ -170,7 +187,52 @@ def apply_to_statements(cell_file, statements: list[str], store_dir, results_dir
     write_record(out_path, record, {"probe_cell": str(cell_file), "statements": statements, "name": name,
                                     "batch_tokens": batch_tokens, "device": device}, indent=1, replace=overwrite)
     log.info("%d statements scored: %s", len(statements), out_path)
+    if view:
+        write_view(outputs[1], views, probe, config, loaded.label, overwrite)
     return out_path
+
+
+def view_row(cell_file, eval_datapack: str, row: int, store_dir, results_dir, overwrite: bool = False,
+             device: str = "auto") -> Path:
+    """The per-token page of row `row` of `eval_datapack`'s store (the probe's model; every stored layer), at
+    <results_dir>/<model>/apply/row=<r>.<datapack>.<train>.<method>.<task>.layer=<k>.seed=<s>.html."""
+    probe, config = trained_probe(cell_file)
+    model = config["model"]["name"]
+    stem = ".".join([f"row={row}", check_name(eval_datapack, "data.name"), config["data"]["name"],
+                     config["probe"]["name"], config["task"]["name"], f"layer={probe.layer}", f"seed={config['seed']}"])
+    path = Path(results_dir) / check_name(model, "model.name") / "apply" / f"{stem}.html"
+    if path.exists() and not overwrite:
+        raise ToolkitError(f"{path} exists: overwrite=true replaces it")
+    with ActivationStore(store_path(store_dir, model, eval_datapack)) as store:
+        check_same_model(probe.store, store.attrs, str(store.path))
+        if not 0 <= row < store.n_statements:
+            raise ToolkitError(f"row={row}: {store.path} holds rows 0..{store.n_statements - 1}")
+        if probe.layer not in store.layers:
+            raise StoreError(f"{store.path} does not hold layer {probe.layer}, the probe's layer: extract it first")
+        loaded = store_model(store.attrs, device)
+        statement = str(store.table["statement"].iloc[row])
+        view = token_view(probe, store, row, statement, partial(token_strings, loaded.tokenizer),
+                          class_names(config["task"]["name"]))
+    write_view(path, [view], probe, config, loaded.label, overwrite)
+    return path
+
+
+def token_strings(tokenizer, ids) -> list[str]:
+    """Each token id [T] as the text it stands for (decoded alone: a leading space shows as one)."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def write_view(path: Path, views: list[dict], probe: FittedProbe, config: dict, model_label: str,
+               overwrite: bool) -> None:
+    """The per-token page of `views` at `path` (probes.token_view.view_html), whole or not at all."""
+    title = f"{config['probe']['name']} {config['task']['name']}, layer {probe.layer}: token by token"
+    about = (f"Probe {config['probe']['name']} for {config['task']['name']} fitted on {config['data']['name']} at "
+             f"layer {probe.layer} of {model_label} (alpha = {config['alpha']}).")
+    page = view_html(views, title, about).encode()
+    atomic_write(path, lambda f: f.write(page), replace=overwrite)
+    log.info("per-token view: %s", path)
+
+
 
 
 def raw_text(cfg: DictConfig):
@@ -192,6 +254,10 @@ def validate(cfg: DictConfig) -> dict:
         check_name(checked["name"], "name")
     resolve_device(checked["device"], "device")
     check_tracker(checked["tracker"])
+    if checked["row"] is not None and checked["row"] < 0:
+        raise ToolkitError(f"row={checked['row']}: give {APPLY_HINTS['row']}")
+    if checked["row"] is not None and checked["data"] is None:
+        raise ToolkitError(f"row={checked['row']} names a row of a datapack's store: give data=<datapack> too")
     return checked
 
 
@@ -247,6 +313,11 @@ def apply(cfg: DictConfig):
     if given == ["data"]:
         if not isinstance(opts["data"], dict) or opts["data"].get("name") is None:
             raise ToolkitError("data= names no datapack: give data=<datapack> (or data=csv data.name=<store name>)")
+        if opts["row"] is not None:
+            if opts["view"] is None:
+                raise ToolkitError(f"row={opts['row']} is read by view=html only: add view=html, or drop row=")
+            return view_row(opts["cell"], opts["data"]["name"], opts["row"], opts["store_dir"], opts["results_dir"],
+                            opts["overwrite"], opts["device"])
         with tracking(opts["tracker"], opts["tracker_dir"], opts["results_dir"]) as tracker:
             return apply_to_store(opts["cell"], opts["data"]["name"], opts["store_dir"], opts["results_dir"],
                                   opts["overwrite"], tracker)
@@ -255,7 +326,7 @@ def apply(cfg: DictConfig):
         raise ToolkitError(f"{given[0]}=: an empty statement or none at all: give text to score")
     return apply_to_statements(opts["cell"], statements, opts["store_dir"], opts["results_dir"],
                                opts["name"] or default_name(opts["csv"]), opts["batch_tokens"], opts["device"],
-                               opts["overwrite"])
+                               opts["overwrite"], opts["view"])
 
 
 def hydra_arguments(args: list[str]) -> list[str]:

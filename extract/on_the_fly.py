@@ -1,7 +1,7 @@
 """Statements extracted now, in memory, with the model and settings a store was extracted with.
 
     loaded = store_model(store.attrs)                        # the store's model, template, compute dtype
-    memory = extract_statements(loaded, ["Paris is in France."], layer=16, dtype=store.attrs["dtype"])
+    memory = extract_statements(loaded, ["Paris is in France."], layers=16, dtype=store.attrs["dtype"])
     memory.last_token(16)                                    # [n, d], as ActivationStore.last_token
 
 `extract_statements` renders each statement as extraction does (extract.capture.render), runs
@@ -49,28 +49,33 @@ def model_attrs(loaded: LoadedModel) -> dict:
 
 
 class MemoryStore(ActivationStore):
-    """An ActivationStore's readers over one layer of statements held in memory.
+    """An ActivationStore's readers over some layers of statements held in memory.
 
-    offsets int64 [n+1], token_kind int8 [T], stored [T, d] (the stored dtype's numpy representation)."""
+    stored {layer: [T, d]} (the stored dtype's numpy representation), offsets int64 [n+1], token_kind int8 [T],
+    token_ids int64 [T]."""
 
-    def __init__(self, attrs: dict, layer: int, offsets: np.ndarray, token_kind: np.ndarray, stored: np.ndarray):
+    def __init__(self, attrs: dict, stored: dict[int, np.ndarray], offsets: np.ndarray, token_kind: np.ndarray,
+                 token_ids: np.ndarray):
         self.path = Path("<statements extracted on the fly>")
-        self.attrs = {**attrs, "layers": [layer], "n_statements": len(offsets) - 1, "n_done": len(offsets) - 1}
-        self.offsets, self.token_kind, self._stored = offsets, token_kind, stored
+        self.attrs = {**attrs, "layers": sorted(stored), "n_statements": len(offsets) - 1, "n_done": len(offsets) - 1}
+        self.offsets, self.token_kind, self._stored, self._token_ids = offsets, token_kind, stored, token_ids
+
+    token_ids = property(lambda self: self._token_ids)
 
     def layer(self, k: int, rows: np.ndarray | None = None) -> np.ndarray:
-        if k not in self.layers:
-            raise StoreError(f"layer {k} was not extracted on the fly (only layer {self.layers[0]})")
-        return from_stored(self._stored if rows is None else self._stored[rows], self.attrs["dtype"])
+        if k not in self._stored:
+            raise StoreError(f"layer {k} was not extracted on the fly (only layers {self.layers})")
+        return from_stored(self._stored[k] if rows is None else self._stored[k][rows], self.attrs["dtype"])
 
     def close(self) -> None:
         pass
 
 
-def extract_statements(loaded: LoadedModel, statements: list[str], layer: int, dtype: str,
+def extract_statements(loaded: LoadedModel, statements: list[str], layers: int | list[int], dtype: str,
                        batch_tokens: int = 4096) -> MemoryStore:
-    """Layer `layer` of every token of `statements` (stored dtype `dtype`), as extraction computes it.
+    """Layer(s) `layers` of every token of `statements` (stored dtype `dtype`), as extraction computes them.
     A statement longer than the model's context, or without a token of its own text, is refused."""
+    layers = [layers] if isinstance(layers, int) else sorted(set(layers))
     rendered = [render(loaded.tokenizer, s, loaded.use_chat_template, loaded.system_prompt) for s in statements]
     table = pd.DataFrame({"statement": statements, "source_file": "the given statements",
                           "source_row": np.arange(len(statements))})
@@ -78,12 +83,16 @@ def extract_statements(loaded: LoadedModel, statements: list[str], layer: int, d
     ids = [i for i, _ in rendered]
     lengths = np.array([len(i) for i in ids])
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    stored = None
-    with LayerCapture(loaded.model, [layer], TORCH_STORED[dtype], pad_id=loaded.tokenizer.pad_token_id or 0) as cap:
+    stored: dict[int, np.ndarray] = {}
+    with LayerCapture(loaded.model, layers, TORCH_STORED[dtype], pad_id=loaded.tokenizer.pad_token_id or 0) as cap:
         for batch in plan_batches(lengths, batch_tokens):
-            values = torch_to_stored(cap.run([ids[i] for i in batch]).wait()[layer].cpu())  # [batch tokens, d]
-            if stored is None:
-                stored = np.empty((offsets[-1], values.shape[1]), dtype=values.dtype)
-            stored[np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])] = values
+            out = cap.run([ids[i] for i in batch]).wait()
+            rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in batch])
+            for k in layers:
+                values = torch_to_stored(out[k].cpu())      # [batch tokens, d]
+                if k not in stored:
+                    stored[k] = np.empty((offsets[-1], values.shape[1]), dtype=values.dtype)
+                stored[k][rows] = values
     attrs = {**model_attrs(loaded), "dtype": dtype}
-    return MemoryStore(attrs, layer, offsets, np.concatenate([k for _, k in rendered]), stored)
+    return MemoryStore(attrs, stored, offsets, np.concatenate([k for _, k in rendered]),
+                       np.concatenate([np.asarray(i, dtype=np.int64) for i in ids]))

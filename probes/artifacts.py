@@ -141,6 +141,15 @@ class FittedProbe(ClassifierMixin, BaseEstimator):
         data = self._checked(X)
         return np.stack([np.asarray(h.decision_function(data), dtype=np.float64) for h in self.heads], axis=1)
 
+    def token_scores(self, tokens) -> np.ndarray:
+        """float [T, heads]: each token vector of `tokens` [T, d] scored as the probe scores a statement: for a
+        probe of token bags (samil) each token as a bag of one (its instance score: a bag's score is the max of
+        its tokens'), for the others each token's vector as if it were the statement's (last or mean) vector.
+        `from_scores` turns them into per-token probabilities."""
+        X = torch.as_tensor(np.asarray(tokens, dtype=np.float32))
+        bags = torch.arange(len(X) + 1) if self.representation == "bags" else None
+        return self.decision_function(Features(X, bags))
+
     def _checked(self, X) -> Features:
         """X as Features, refused in one ProbeError unless this probe can score it."""
         data = as_features(X)

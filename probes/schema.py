@@ -20,6 +20,7 @@ Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})
 TrainerLogger = Enum("TrainerLogger", {k: k for k in ("csv", "tensorboard")})
 Accelerator = Enum("Accelerator", {k: k for k in ("auto", "cpu", "gpu", "cuda")})
+View = Enum("View", {"html": "html"})
 Tracker = Enum("Tracker", {k: k for k in ("mlflow", "tensorboard")})   # evaluation.tracking.TRACKERS
 AUGMENTS = ("structure_aware", "neutral")     # train_probe augment=<kind> (probes.augment; conf/augment/)
 AugmentKind = Enum("AugmentKind", {k: k for k in AUGMENTS})
@@ -32,7 +33,8 @@ _HINTS = {"tasks": "a list of tasks, e.g. tasks=[true_vs_all,multiclass]", "seed
           "augment.extract.batch_tokens": "a whole number >= 1", "augment.extract.window_mb": "a whole number >= 1"}
 APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 1", "cell": "a result cell's path",
                "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)",
-               "device": "auto, cpu, cuda or mps", "tracker": "mlflow, tensorboard or null"}
+               "device": "auto, cpu, cuda or mps", "view": "html or null", "row": "a whole number >= 0",
+               "tracker": "mlflow, tensorboard or null"}
 
 
 @dataclass
@@ -103,6 +105,10 @@ class ApplyProbeSchema:
                                     "output of the same name")
     batch_tokens: int = option(4096, "padded tokens per forward pass (text= / csv=)")
     device: str = option("auto", "where the model runs for text= / csv=: auto | cpu | cuda | cuda:N | mps")
+    view: Optional[View] = option(None, "html: also a per-token page (probes/token_view.py) of text= / csv= (at most "
+                                  "50 statements), or of data='s row=; null: none")
+    row: Optional[int] = option(None, "with data= and view=html: the datapack row viewed (0-based; no transfer "
+                                "cell is written)")
     tracker: Optional[Tracker] = option(None, "mlflow | tensorboard: log every cell written to that tracker "
                                         "(evaluation/tracking.py); null: none")
     tracker_dir: Optional[str] = option(None, "the tracker's folder; null: mlruns/ (mlflow) or tensorboard/ beside "
