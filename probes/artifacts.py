@@ -36,7 +36,7 @@ from sklearn.metrics import matthews_corrcoef
 from evaluation.calibration import ScoreMap
 from evaluation.cells import CellError, read_cell
 from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal, check_procedure
-from extract.store import store_summary
+from extract.store import ActivationStore, store_summary
 from extract.errors import ToolkitError
 from probes.card import is_card, read_card, save_card
 from probes.base import Probe, ProbeError, as_features, check_choice, check_class_labels, check_rows
@@ -234,30 +234,36 @@ def check_classes(classes, labels: np.ndarray) -> list[int]:
     return [int(c) for c in items]
 
 
-def fit_probe(probe: str | dict, X, y, train, cal, *, classes: list[int] | None = None, groups=None,
-              layer: int | None = None, store=None, alpha: float = 0.1, mondrian: bool = False,
+def fit_probe(probe: str | dict, X: np.ndarray | tuple | Features, y: np.ndarray, train: np.ndarray,
+              cal: np.ndarray, *, classes: list[int] | None = None, groups: np.ndarray | None = None,
+              layer: int | None = None, store: ActivationStore | None = None, alpha: float = 0.1, mondrian: bool = False,
               conformal: str = "lac", calibration: str = "out_of_fold_cv", calibration_folds: int = 3, seed: int = 0,
               accelerator: str = "auto", **options) -> FittedProbe:
     """Fit and calibrate a probe on rows `train` / `cal` of X, as `python -m train_probe` does
     (probes.fitting: the same heads, folds, score map and conformal sets).
 
-    probe: a probe name of conf/probe/ (linear, mlp, mean_diff, samil), its options overridden by
-        `options` (e.g. C=1.0), or a whole `probe:` config dict.
-    X: statement vectors [n, d], `(tokens [T, d], offsets [n+1])` bags, or Features.
-    y: int [n] labels (the store's 0 false / 1 true / 2 neither, or any 0..K-1 coding).
-    classes: the labels with a head: one label for a binary probe (target y == it), several for a
-        multiclass one (targets y, one-vs-all heads); default [1] for 0/1 labels, else every label.
-    train, cal: int row indices into X; groups: int [n] entity of each row (grouped folds), or None
-        (then Features' own groups, if any).
     The heads are fitted on `train`; the score map on their out-of-fold training scores
     (calibration="out_of_fold_cv", the default: `calibration_folds` grouped folds, also the probes' CV
     folds, each scored by its fold fit at the chosen C, see probes.fitting.HeadBank; "out_of_fold": the
     same folds, each scored by a refitted copy with its own CV; "in_sample": on the final heads'
     training scores); conformal sets (lac, or the reference code's p-values) on `cal` at level `alpha`.
-    layer / store (an ActivationStore): recorded with the probe.
     Every argument is checked before any fit, as one ProbeError naming it: X [n, d] of finite numbers
     (bags for samil, their offsets cutting the tokens into n bags), y and groups with n entries, train /
-    cal non-empty whole row numbers in 0..n-1 that share no row."""
+    cal non-empty whole row numbers in 0..n-1 that share no row.
+
+    Args:
+        probe: a probe name of conf/probe/ (linear, mlp, mean_diff, samil), its options overridden by
+            `options` (e.g. C=1.0), or a whole `probe:` config dict.
+        X: statement vectors [n, d], `(tokens [T, d], offsets [n+1])` bags, or Features.
+        y: int [n] labels (the store's 0 false / 1 true / 2 neither, or any 0..K-1 coding).
+        train: int row indices into X: the heads' training rows.
+        cal: int row indices into X: the conformal calibration rows.
+        classes: the labels with a head: one label for a binary probe (target y == it), several for a
+            multiclass one (targets y, one-vs-all heads); default [1] for 0/1 labels, else every label.
+        groups: int [n] entity of each row (grouped folds), or None (then Features' own groups, if any).
+        layer: recorded with the probe.
+        store: an ActivationStore, recorded with the probe (its model and settings).
+    """
     if isinstance(probe, str):
         from extract.config import compose_config  # Hydra composition, only for a probe given by name
 
