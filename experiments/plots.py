@@ -105,45 +105,57 @@ def interval(ax, x, lo, hi, color: str) -> None:
 
 
 def metric_by_layer(table: pd.DataFrame, path: Path, title: str, metrics=("mcc", "wmcc")) -> None:
-    """Each metric against layer (top row) and relative depth (bottom row), one panel per task, one
-    colour per probe and one line style per metric (interval of the first metric drawn when present),
-    methods without a layer (zero-shot) as horizontal lines."""
+    """Each metric against layer (relative depth on the top axis), one panel per task, one colour per probe and
+    one line style per metric (interval of the first metric drawn when present), methods without a layer
+    (zero-shot) as horizontal lines; under it, when the table has `acceptance`, the share of test statements each
+    probe accepts (one-label conformal sets) on the same layers: the rows the MCC above is measured on."""
     tasks = sorted(table["task"].unique())
     colours = {p: f"C{i}" for i, p in enumerate(sorted(table.loc[table["layer"].notna(), "probe"].unique()))}
     styles = ("o-", "s--", "^:")
-    fig, axes = subplots(2, len(tasks), 4.2, 3.3, sharey=True)
+    rows = ("metric", "acceptance") if "acceptance" in table and metrics[0] != "acceptance" else ("metric",)
+    fig, axes = subplots(len(rows), len(tasks), 4.2, 3.3 if len(rows) == 1 else 2.6, sharex="col", sharey="row",
+                         **({"gridspec_kw": {"height_ratios": (3, 2)}} if len(rows) == 2 else {}))
+    n_layers = table["n_layers"].dropna()
     for col, task in enumerate(tasks):
         sub = table[table["task"] == task]
-        for row, relative in enumerate((False, True)):
+        for row, kind in enumerate(rows):
             ax = axes[row, col]
+            drawn = metrics if kind == "metric" else ("acceptance",)
             for probe, g in sub[sub["layer"].notna()].groupby("probe"):
                 g, c = g.sort_values("layer"), colours[probe]
-                layer = g["layer"].astype(float)
-                x = layer / g["n_layers"].astype(float) if relative else layer
-                for metric, style in zip(metrics, styles):
+                x = g["layer"].astype(float)
+                for metric, style in zip(drawn, styles):
                     line(ax, x, g[metric].astype(float), style, color=c,
                          label=probe if metric == metrics[0] else "_nolegend_")
                     if "flag" in g:
                         no_signal_marks(ax, x, g[metric], g["flag"])
-                if f"{metrics[0]}_lo" in g:
+                if kind == "metric" and f"{metrics[0]}_lo" in g:
                     interval(ax, x, g[f"{metrics[0]}_lo"], g[f"{metrics[0]}_hi"], c)
             for _, z in sub[sub["layer"].isna()].iterrows():
-                ax.axhline(z[metrics[0]], color="k", linestyle=":", linewidth=1,
-                           label=f"{z['probe']} (no layer), {short(metrics[0])}")
-            if len(metrics) > 1:   # the line styles' key, in black
+                if kind == "metric":
+                    ax.axhline(z[metrics[0]], color="k", linestyle=":", linewidth=1,
+                               label=f"{z['probe']} (no layer), {short(metrics[0])}")
+            if kind == "metric" and len(metrics) > 1:   # the line styles' key, in black
                 for metric, style in zip(metrics, styles):
                     ax.plot([], [], style, color="k", markersize=3, label=LABELS.get(metric, metric))
-            if relative:
-                depth_axis(ax)
-            else:
-                layer_axis(ax, sub["layer"].dropna())
+            if kind == "metric":
                 ax.set_title(words(task))
+                if len(n_layers) and n_layers.nunique() == 1:     # one model: its relative depth on top
+                    n = float(n_layers.iloc[0])
+                    top = ax.secondary_xaxis("top", functions=(lambda k, n=n: k / n, lambda d, n=n: d * n))
+                    top.set_xlabel("relative depth (layer / L)", fontsize=8)
+            else:
+                ax.set_ylim(-0.03, 1.03)
+            if row == len(rows) - 1:
+                layer_axis(ax, sub["layer"].dropna())
             ax.grid(alpha=0.3)
-        for row in range(2):
-            axes[row, 0].set_ylabel(" / ".join(LABELS.get(m, m) if len(metrics) == 1 else short(m) for m in metrics))
+        axes[0, 0].set_ylabel(" / ".join(LABELS.get(m, m) if len(metrics) == 1 else short(m) for m in metrics))
+        if len(rows) == 2:
+            axes[1, 0].set_ylabel("acceptance\n(share accepted)")
     legend_below(fig, axes, "outside lower center")
     band = f"; shaded: interval of {short(metrics[0])}" if f"{metrics[0]}_lo" in table else ""
-    save(fig, path, f"{title}: {', '.join(short(m) for m in metrics)} by layer{band}; x: no signal")
+    under = "; under it: acceptance" if len(rows) == 2 else ""
+    save(fig, path, f"{title}: {', '.join(short(m) for m in metrics)} by layer{band}{under}; x: no signal")
 
 
 def risk_band(cell: dict, grid=COVERAGE_GRID) -> np.ndarray:
@@ -190,6 +202,11 @@ def risk_coverage(chosen: dict, behaviour: dict, path: Path, title: str) -> None
     save(fig, path, f"{title}: risk against coverage, shaded: bootstrap 95 % interval")
 
 
+def floor_of_top_label(n_classes: int, n_bins: int) -> float:
+    """The left edge of the bin holding 1 / K, the lowest top-label confidence of K classes (0.5 for two)."""
+    return np.floor(n_bins / n_classes) / n_bins if n_classes > 1 else 0.0
+
+
 def reliability(cells: dict, path: Path, title: str, n_bins: int = 10) -> None:
     """cells: {probe: cell}; top-label confidence against accuracy on the test split, bins (lo, hi],
     one column per probe with its ECE; under it the number of statements in each bin."""
@@ -205,7 +222,7 @@ def reliability(cells: dict, path: Path, title: str, n_bins: int = 10) -> None:
         accuracy = np.bincount(bins, weights=correct, minlength=n_bins)[filled] / counts[filled]
         top.plot([0, 1], [0, 1], "k:", linewidth=1, label="perfect calibration")
         top.bar(centres[filled], accuracy, width=1 / n_bins, edgecolor="k", alpha=0.6, label="accuracy in the bin")
-        top.set(xlim=(0, 1), ylim=(0, 1.05))
+        top.set(xlim=(floor_of_top_label(probs.shape[1], n_bins), 1), ylim=(0, 1.05))   # (top-label conf. >= 1/K)
         top.set_title(f"{probe}, layer {cell['layer']}: ECE {ece(y, probs):.3f}", fontsize=9)
         bottom.bar(centres[filled], counts[filled], width=1 / n_bins, color="0.6", edgecolor="k")
         for x, n in zip(centres[filled], counts[filled]):

@@ -174,3 +174,32 @@ def test_transfer_heat_map_prints_intervals_and_marks_single_label_cells(saved, 
     assert sum("0.50\n[0.41, 0.58]" in t for t in cells) == sum(not r["single_label"] for r in rows)
     heat = [ax for ax in fig.axes if ax.get_xlabel() == "evaluated on"]
     assert len(heat) == 2 and heat[0].get_ylabel() == "trained on"
+
+
+def test_acceptance_is_drawn_under_the_mcc_and_depth_is_an_axis_not_a_repeated_row(saved, tmp_path):
+    table = layer_table([0, 1, 2, 3], 3)
+    table["acceptance"] = np.linspace(0.2, 0.9, len(table))
+    plots.metric_by_layer(table, tmp_path / "mcc.png", "toy")
+    fig, = saved()
+    panels = [ax for ax in fig.axes if ax.get_xlabel() == "layer"]
+    assert len(panels) == table["task"].nunique()          # one row of layer axes: the acceptance row's
+    bottom = [ax for ax in fig.axes if ax.get_ylabel().startswith("acceptance")]
+    assert bottom
+    drawn = sorted(round(float(v), 6) for ax in panels for line in ax.get_lines() if len(line.get_xdata()) > 1
+                   for v in line.get_ydata())
+    assert drawn == sorted(round(float(v), 6) for v in table["acceptance"])
+    assert "relative depth (layer / L)" in texts(fig)      # the top axis of the metric row, for one model
+    assert not [ax for ax in fig.axes if ax.get_xlabel() == "relative depth (layer / L)" and ax in panels]
+    assert_legends_whole(fig)
+
+
+def test_the_reliability_axis_starts_at_the_lowest_top_label_confidence(saved, tmp_path):
+    three = cell(250, 0)
+    two = cell(250, 1)
+    probs = np.asarray(two["test"]["probs"])[:, :2]
+    two["test"]["probs"] = (probs / probs.sum(1, keepdims=True)).tolist()
+    two["test"]["y"] = np.minimum(two["test"]["y"], 1).tolist()
+    for cells, lo in (({"mlp": three}, 0.3), ({"linear": two}, 0.5)):
+        plots.reliability(cells, tmp_path / "rel.png", "toy", n_bins=10)
+        fig = saved()[-1]
+        assert fig.axes[0].get_xlim()[0] == pytest.approx(lo)
