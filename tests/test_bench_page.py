@@ -63,3 +63,18 @@ def test_gpu_log_becomes_the_gpu_section_and_keeps_the_others(tmp_path):
     log.write_text("not a gpu_check log\n")
     with pytest.raises(SystemExit, match="no 'gpu_check:' provenance line"):
         main(["--out", str(out), "--gpu-log", str(log)])
+
+
+def test_missed_targets_are_flagged_where_the_printed_value_misses():
+    from experiments.bench.page import flagged, missed
+
+    assert missed("extract, without / bare forward        = 1.295, 1.113   (target <= 1.15)")
+    assert not missed("extract, shared prefix / without       = 0.179, 0.352   (goal <= 0.5)")
+    assert missed("  one fit 2.80 s (target <= 1 s; stage 1 2.27 s, stage 3 0.29 s), peak RSS 1257 MiB")
+    assert not missed("  fit wall 7.2 s, cpu 10.6 s (stage 1 6.1 s / 10 Newton steps, stage 3 0.8 s / 0)  (target < 60 s)")
+    assert missed("  memory: RSS before 1773 MiB, peak during fit 2738 MiB, added 965 MiB  (target < 2048 MiB)")
+    assert not missed("  memory: RSS before 1080 MiB, peak during fit 1717 MiB, added 637 MiB  (target < 2048 MiB)")
+    assert not missed("  time ratio package / ours           100.0x (159.2x with 1 thread)  (target >= 100x at 250 bags)")
+    assert not missed("no target on this line = 3")
+    once = flagged(["layer read: h5py raw / fromfile speed      = 0.35   (target >= 0.5)"])
+    assert once[0].endswith("[MISSED]") and flagged(once) == once
