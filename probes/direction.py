@@ -14,6 +14,13 @@ class DirectionProbe(Probe):
     from the tensors `direction` float [d] and `threshold` float [] its _fit sets (raw, unstandardised
     coordinates)."""
 
+    def _readout_state(self) -> None:
+        """In a subclass's __init__, once its options are set: check them and make the readout's empty buffers."""
+        self._check_params()
+        self.register_buffer("direction", torch.zeros(0))
+        self.register_buffer("threshold", torch.zeros(()))
+        self._params: dict = {}
+
     @torch.no_grad()
     def _decision(self, data: Features) -> np.ndarray:
         X = statement_vectors(data, self.representation).to(self.direction.device)

@@ -66,10 +66,7 @@ class MeanDiffProbe(DirectionProbe):
         super().__init__()
         self.covariance, self.representation, self.standardize = covariance, representation, standardize
         self.accelerator, self.tokens = accelerator, tokens
-        self._check_params()
-        self.register_buffer("direction", torch.zeros(0))
-        self.register_buffer("threshold", torch.zeros(()))
-        self._params: dict = {}
+        self._readout_state()
 
     def _check_params(self) -> None:
         super()._check_params()

@@ -34,10 +34,7 @@ class RandomDirectionProbe(DirectionProbe):
                  tokens: str = "statement"):
         super().__init__()
         self.seed, self.representation, self.accelerator, self.tokens = seed, representation, accelerator, tokens
-        self._check_params()
-        self.register_buffer("direction", torch.zeros(0))
-        self.register_buffer("threshold", torch.zeros(()))
-        self._params: dict = {}
+        self._readout_state()
 
     def _check_params(self) -> None:
         super()._check_params()

@@ -37,6 +37,15 @@ APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 
                "tracker": "mlflow, tensorboard or null"}
 
 
+def tracker_option():
+    return option(None, "mlflow | tensorboard: log every cell written to that tracker (evaluation/tracking.py); "
+                        "null: none")
+
+
+def tracker_dir_option():
+    return option(None, "the tracker's folder; null: mlruns/ (mlflow) or tensorboard/ beside results_dir")
+
+
 @dataclass
 class TrainerSchema:
     accelerator: Accelerator = option(Accelerator.auto, "where the probes are fitted: cpu | gpu | auto")
@@ -80,10 +89,8 @@ class TrainProbeSchema:
                            "<probe>+text / +surprisal at layer=none")
     shuffle_labels: bool = option(False, "true: the training labels permuted (by seed) before fitting: the null "
                                   "floor, cells under <probe>+shuffled")
-    tracker: Optional[Tracker] = option(None, "mlflow | tensorboard: log every cell written to that tracker "
-                                        "(evaluation/tracking.py); null: none")
-    tracker_dir: Optional[str] = option(None, "the tracker's folder; null: mlruns/ (mlflow) or tensorboard/ beside "
-                                        "results_dir")
+    tracker: Optional[Tracker] = tracker_option()
+    tracker_dir: Optional[str] = tracker_dir_option()
     threads: Any = threads_option()
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     augment: Optional[AugmentSchema] = option(None, "augment=structure_aware | neutral (a config group)")
@@ -109,10 +116,8 @@ class ApplyProbeSchema:
                                   "50 statements), or of data='s row=; null: none")
     row: Optional[int] = option(None, "with data= and view=html: the datapack row viewed (0-based; no transfer "
                                 "cell is written)")
-    tracker: Optional[Tracker] = option(None, "mlflow | tensorboard: log every cell written to that tracker "
-                                        "(evaluation/tracking.py); null: none")
-    tracker_dir: Optional[str] = option(None, "the tracker's folder; null: mlruns/ (mlflow) or tensorboard/ beside "
-                                        "results_dir")
+    tracker: Optional[Tracker] = tracker_option()
+    tracker_dir: Optional[str] = tracker_dir_option()
     threads: Any = threads_option()
 
 

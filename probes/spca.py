@@ -89,10 +89,7 @@ class SupervisedPCAProbe(DirectionProbe):
         self.n_components, self.grid, self.cov_type, self.reg, self.C = n_components, tuple(grid), cov_type, reg, C
         self.cv_folds, self.seed, self.max_iter = cv_folds, seed, max_iter
         self.representation, self.accelerator, self.tokens = representation, accelerator, tokens
-        self._check_params()
-        self.register_buffer("direction", torch.zeros(0))
-        self.register_buffer("threshold", torch.zeros(()))
-        self._params: dict = {}
+        self._readout_state()
 
     def _check_params(self) -> None:
         super()._check_params()
