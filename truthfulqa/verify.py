@@ -25,6 +25,7 @@ import torch
 
 from extract.truthfulqa_pack import TruthfulQAError
 from truthfulqa.likelihood import PRIMER, context_text
+from zero_shot.prompts import word_token_ids
 from zero_shot.scoring import LastTokenLogits
 
 VERIFY_QUESTION = "Is this answer to the question correct? Answer Yes or No."
@@ -58,20 +59,10 @@ def encode(tokenizer, fmt: str, text: str) -> np.ndarray:
 
 
 def yes_no_ids(tokenizer) -> dict:
-    """{"yes": [ids], "no": [ids], "tokens": {"yes": [decoded], "no": [...]}}: for "Yes" and "No", with
-    and without a leading space, the first token of the encoding that is neither special nor whitespace
-    only (SmolLM2: "Yes" and " Yes" are two ids; a byte tokenizer gives the one id of "Y"). An id of both
+    """{"yes": [ids], "no": [ids], "tokens": {"yes": [decoded], "no": [...]}}: for "Yes" and "No" their
+    zero_shot.prompts.word_token_ids, the option labels' rule (SmolLM2: "Yes" and " Yes" are two ids; a byte tokenizer gives the one id of "Y"). An id of both
     words is refused."""
-    special = set(tokenizer.all_special_ids)
-    found = {}
-    for word in WORDS:
-        ids = []
-        for variant in (word, " " + word):
-            for tok in tokenizer.encode(variant, add_special_tokens=False):
-                if tok not in special and tokenizer.decode([tok]).strip():
-                    ids.append(int(tok))
-                    break
-        found[word.lower()] = sorted(set(ids))
+    found = {word.lower(): word_token_ids(tokenizer, word) for word in WORDS}
     if not found["yes"] or not found["no"] or set(found["yes"]) & set(found["no"]):
         raise TruthfulQAError(f"this tokenizer has no separate token ids for Yes and No ({found}): verification "
                               "needs them")

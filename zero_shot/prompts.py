@@ -225,26 +225,29 @@ class PromptRenderer:
         }
 
 
+def word_token_ids(tokenizer, word: str) -> list[int]:
+    """The ids whose next-token probability counts for answering `word`: of `word` and of " " + `word`, each
+    encoded without special tokens, the first token that is neither special nor whitespace only (so "1" and " 1"
+    give the ids of "1" and, where it exists, of " 1"; a bare space, BOS and the like are never taken); sorted,
+    each once."""
+    special = set(tokenizer.all_special_ids)
+    ids = []
+    for variant in (word, " " + word):
+        for tok in tokenizer.encode(variant, add_special_tokens=False):
+            if tok not in special and tokenizer.decode([tok]).strip():
+                ids.append(int(tok))
+                break
+    return sorted(set(ids))
+
+
 def option_token_ids(tokenizer, labels) -> list[list[int]]:
     """Token ids whose next-token probability counts for each option label.
 
-    For each label, the label with and without a leading space is encoded without special
-    tokens; of each encoding the first token that is neither special nor whitespace-only is
-    taken (so "1" and " 1" give the ids of "1" and, where it exists, of " 1"; a bare space,
-    BOS and the like are never taken). An id reached from two different labels would be
-    counted twice; such shared ids are removed from every option (as the reference does). Raises
-    PromptError when an option is left without ids.
+    Each label's `word_token_ids`. An id reached from two different labels would be counted twice; such
+    shared ids are removed from every option (as the reference does). Raises PromptError when an option is
+    left without ids.
     """
-    special = set(tokenizer.all_special_ids)
-    found = []
-    for label in labels:
-        ids = []
-        for variant in (label, " " + label):
-            for tok in tokenizer.encode(variant, add_special_tokens=False):
-                if tok not in special and tokenizer.decode([tok]).strip():
-                    ids.append(int(tok))
-                    break
-        found.append(sorted(set(ids)))
+    found = [word_token_ids(tokenizer, label) for label in labels]
     counts = Counter(tok for ids in found for tok in ids)
     out = [[tok for tok in ids if counts[tok] == 1] for ids in found]
     for label, ids in zip(labels, out):
