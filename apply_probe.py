@@ -12,14 +12,14 @@ reproduced); on another datapack every statement the task defines. A store of an
 (fingerprint), stored dtype, compute dtype, tokenizer, chat template or system prompt, or without the
 probe's layer, is refused before anything is written.
 
-Options are typed by `ApplyProbeSchema` (probes/schema.py; extract.schema.typed_options, the parser
+Options are typed by `ApplyProbeSchema` (probes/schema.py; toolkit.schema.typed_options, the parser
 every entry point uses) before any work: `overwrite=maybe` is one line, never a truthy string. `text=`
 is data: it is read as written, never resolved (`${oc.env:X}` in a statement is scored as those
 characters).
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from probes.schema import APPLY_HINTS, ApplyProbeSchema
 
 answer_help(__name__, "apply_probe", ApplyProbeSchema)   # before the imports below: --help needs no torch
@@ -34,17 +34,17 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.tracking import check_tracker, tracking
-from evaluation.cells import (CellError, WrittenMeanwhile, atomic_write, cell_path, cell_test, result_cell, write_cell,
-                              write_record)
+from evaluation.cells import CellError, cell_path, cell_test, result_cell, write_cell, write_record
 from evaluation.cell_metrics import cell_metrics, datapack_metrics
 from evaluation.metrics import resampling_groups
 from evaluation.splits import entity_groups
 from evaluation.tasks import POSITIVE, task_targets
-from extract.entry import entry_main, quoted
-from extract.errors import ToolkitError, check_count, check_name
+from toolkit.disk import atomic_write, WrittenMeanwhile
+from toolkit.entry import entry_main, quoted
+from toolkit.errors import ToolkitError, check_count, check_name
 from extract.models import resolve_device
 from extract.on_the_fly import extract_statements, model_attrs, store_model
-from extract.schema import typed_options
+from toolkit.schema import typed_options
 from extract.statements import LABELS
 from extract.store import ActivationStore, StoreError, check_same_model, store_path, store_summary
 from probes.artifacts import FittedProbe, load_probe
@@ -237,7 +237,7 @@ def write_view(path: Path, views: list[dict], probe: FittedProbe, config: dict, 
 
 def raw_text(cfg: DictConfig):
     """`text=` as written (None if not given): user text is data, and the command line escapes `${...}`
-    (extract.entry.quoted), so an interpolation or an environment variable, set or not, is scored as
+    (toolkit.entry.quoted), so an interpolation or an environment variable, set or not, is scored as
     those characters."""
     return OmegaConf.to_container(cfg, resolve=True).get("text")
 
@@ -332,7 +332,7 @@ def apply(cfg: DictConfig):
 def hydra_arguments(args: list[str]) -> list[str]:
     """Command-line arguments as Hydra overrides: `probe=<path>` becomes `cell='<path>'` (`probe` is a
     config group, and cell paths hold `=`); `cell=`, `csv=`, `text=` values are taken as written
-    (extract.entry.quoted; `text=[...]` lists are left as written)."""
+    (toolkit.entry.quoted; `text=[...]` lists are left as written)."""
     return quoted(args, QUOTED, RENAMED)
 
 

@@ -1,5 +1,5 @@
 """`python -m train_probe probe=... task=... layer=...`: compose the config, train, write result cells."""
-from extract.entry import entry_main
+from toolkit.entry import entry_main
 from probes.schema import TrainProbeSchema
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.cells import atomic_write
-from extract.errors import ToolkitError
+from toolkit.disk import atomic_write
+from toolkit.errors import ToolkitError
 from extract.statements import FALSE, NEITHER, TRUE
 
 ARTICLES = ("The ", "A ", "An ")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pandas as pd
 
 from evaluation.splits import Split
-from extract.errors import check_name
+from toolkit.errors import check_name
 from extract.run import extract
 from extract.store import ActivationStore, store_path
-from extract.schema import literal_config
+from toolkit.schema import literal_config
 from contexts.interference import write_datapack
 
 

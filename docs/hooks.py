@@ -1,7 +1,7 @@
 """MkDocs hooks (mkdocs.yml `hooks:`): what the pages show that the code already says.
 
 - `<!-- options: NAME -->` becomes the table of entry point NAME's config groups and options, made from
-  its schema (extract.entry.SCHEMAS; the lister of `--help`, extract.config) and the defaults of conf/NAME.yaml;
+  its schema (toolkit.entry.SCHEMAS; the lister of `--help`, toolkit.config) and the defaults of conf/NAME.yaml;
 - `<!-- help: MODULE -->` becomes the `--help` of a plain argparse command (`MODULE.main(["--help"])`);
 - `<!-- include: FILE NAME -->` becomes the block of FILE marked `<!-- NAME -->` ... `<!-- /NAME -->`;
 - the committed figures (experiments/figures/*.png) are served as `figures/<name>.png`.
@@ -21,15 +21,15 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from extract.config import compose_config, group_choices, option_table  # noqa: E402
-from extract.entry import schema_of  # noqa: E402
+from toolkit.config import compose_config, group_choices, option_table  # noqa: E402
+from toolkit.entry import schema_of  # noqa: E402
 
 PLACEHOLDER = re.compile(r"<!-- (options|help|include): ([\w./ -]+?) -->")
 
 
 def option_rows(name: str, cfg) -> list[tuple[str, str, str, str]]:
     """(option, type, default, description) of each option entry point `name` declares, as its --help lists
-    them; `cfg` is conf/<name>.yaml composed with its hydra block (extract.config.compose_config)."""
+    them; `cfg` is conf/<name>.yaml composed with its hydra block (toolkit.config.compose_config)."""
     top = schema_of(name)
     return [(key, _type(f, top), "(required)" if default == "???" else default, f.metadata.get("help", ""))
             for key, f, default in option_table(cfg, top)]

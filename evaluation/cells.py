@@ -9,19 +9,14 @@ One cell = one JSON file per (model, datapack, method, task, split, layer, seed)
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import re
-import os
-import shutil
-import socket
-import tempfile
 from pathlib import Path
-from typing import Callable, IO
 
-from evaluation.provenance import provenance
-from extract.errors import ToolkitError, check_name
+from toolkit.disk import atomic_write
+from toolkit.provenance import provenance
+from toolkit.errors import ToolkitError, check_name
 
 
 class CellError(ToolkitError):
@@ -64,71 +59,6 @@ def cell_test(rows, y, groups, scores, probs, sets, pred, **extra) -> dict:
     return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in plain.items()}
 
 
-class WrittenMeanwhile(CellError):
-    """A file written with ``replace=False`` that another process created first (nothing was replaced)."""
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None], replace: bool = True) -> None:
-    """write(binary file) into a temporary file of path's folder, fsync, then rename it over path:
-    a reader sees the old file or the new one, never a part. Permissions follow the umask. With
-    ``replace=False`` the file is created only if absent, atomically (a hard link of the temporary file:
-    of two writers started together one wins, the other gets WrittenMeanwhile)."""
-    path = Path(path)
-    try:
-        _write_replace(path, write, replace)
-    except FileExistsError:
-        raise WrittenMeanwhile(f"{path} was written by another run meanwhile: nothing was replaced (give another "
-                               "name, or overwrite=true to replace it)") from None
-    except OSError as err:   # no space, no permission, a file where a folder should be
-        fix = ("free space or choose another output folder" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
-               "choose a writable output folder")
-        raise CellError(f"cannot write {path} ({err.strerror or err}): {fix}") from None
-
-
-def remove_stale_temps(folder: Path, prefix: str) -> None:
-    """Delete `<prefix><pid>-*` temporary files or folders of folder whose writer (a process of this
-    host: the prefix names the host) is gone, e.g. SIGKILLed mid-write; other hosts' temporaries (a
-    shared file system) are left alone."""
-    for tmp in folder.glob(f"{prefix}*"):
-        pid = tmp.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # someone else's process
-        return True
-    return True
-
-
-def _write_replace(path: Path, write, replace: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".tmp-{socket.gethostname()}-"
-    remove_stale_temps(path.parent, prefix)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)     # FileExistsError when another writer was first
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def write_cell(path: Path, cell: dict, replace: bool = True) -> None:
     """A cell as JSON (NaN refused: every number in a cell is finite or null), atomically, with the
     provenance of its `config` (``replace``: see `atomic_write`)."""
@@ -137,7 +67,7 @@ def write_cell(path: Path, cell: dict, replace: bool = True) -> None:
 
 def write_record(path: Path, record: dict, config: dict | None, indent: int | None = None,
                  replace: bool = True) -> None:
-    """A JSON object (NaN refused) atomically, with `"provenance"` (evaluation.provenance) of the
+    """A JSON object (NaN refused) atomically, with `"provenance"` (toolkit.provenance) of the
     resolved `config` that produced it (``replace``: see `atomic_write`)."""
     write_json(path, {**record, "provenance": provenance(config)}, indent, replace)
 

@@ -53,7 +53,7 @@ import math
 
 import numpy as np
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from evaluation.metrics import acceptance_rate, coverage, mean_set_size, per_class_coverage
 
 __all__ = [

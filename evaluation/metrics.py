@@ -68,7 +68,7 @@ import math
 import numpy as np
 
 from evaluation.selective import selective_metrics
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 
 __all__ = [
     "ABSTAIN",

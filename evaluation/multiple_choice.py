@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from extract.statements import TRUE, TRUTHFULQA
+from extract.statements import TRUE
 from extract.truthfulqa_pack import TruthfulQAError
 
 

@@ -84,7 +84,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.entity_cut import bisect, components
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 
 __all__ = ["Split", "SplitError", "make_split", "KINDS"]
 

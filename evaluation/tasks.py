@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.statements import FALSE, NEITHER, TRUE
 
 TASKS = ("true_vs_all", "false_vs_all", "neither_vs_all", "true_vs_false", "multiclass")

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from evaluation.cells import read_cell
-from extract.disk import waiting_lock
-from extract.errors import ToolkitError
+from toolkit.disk import waiting_lock
+from toolkit.errors import ToolkitError
 
 TRACKERS = {"mlflow": "mlruns", "tensorboard": "tensorboard"}    # tracker -> its folder beside results_dir
 

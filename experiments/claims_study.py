@@ -25,7 +25,7 @@ provenance line.
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from experiments.schema import ClaimsStudySchema
 
 answer_help(__name__, "claims_study", ClaimsStudySchema)   # before the imports below: --help is quick
@@ -40,10 +40,10 @@ from evaluation.tasks import TASKS
 from experiments.cross_model import write_cross_model
 from experiments.steps import run_step, store_complete
 from experiments.tables import best_layers, layer_table, load_cells
-from extract.config import CONF_DIR
-from extract.entry import entry_main
-from extract.errors import ToolkitError, check_count, check_writable
-from extract.schema import typed_options
+from toolkit.config import CONF_DIR
+from toolkit.entry import entry_main
+from toolkit.errors import ToolkitError, check_count, check_writable
+from toolkit.schema import typed_options
 from extract.store import store_path
 from probes.artifacts import build_probe
 

@@ -25,7 +25,7 @@ from evaluation.cells import CellError
 from evaluation.metrics import abstain_mcc, as_probs, mcc, wmcc
 from evaluation.selective import aurc, mcnemar_exact, paired_bootstrap, paired_bootstrap_diff
 from experiments.tables import report_cell
-from extract.errors import check_count, run_entry
+from toolkit.errors import check_count, run_entry
 
 log = logging.getLogger(__name__)
 ESTIMANDS = {   # what each key of compare_cells' result measures; every table names its rows' estimand thus

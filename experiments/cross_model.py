@@ -47,7 +47,7 @@ two-sided bootstrap p (`<difference>_p_raw`), Holm-adjusted over the claim's fam
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from experiments.schema import CrossModelSchema
 
 answer_help(__name__, "cross_model", CrossModelSchema)   # before the imports below: --help is quick
@@ -60,7 +60,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.cells import CellError
-from evaluation.provenance import host, page_command, page_stamp
+from toolkit.provenance import host, page_command, page_stamp
 from experiments import plots
 from experiments.claims_neither import (best_row, control_claims, control_verdicts, interval_of, neither_claims,
                                        neither_verdicts)
@@ -68,9 +68,9 @@ from experiments.claims_page import C_METRICS, claims_markdown, coverage_markdow
 from experiments.compare import compare_cells
 from experiments.tables import (best_layers, cell_of, holm_resolution_warning, layer_table, load_cells, publish,
                                 with_holm)
-from extract.errors import check_count, check_name, check_writable
-from extract.entry import entry_main
-from extract.schema import typed_options
+from toolkit.errors import check_count, check_name, check_writable
+from toolkit.entry import entry_main
+from toolkit.schema import typed_options
 
 log = logging.getLogger(__name__)
 QUARTER_EDGES = (0.25, 0.5, 0.75)

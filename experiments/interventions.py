@@ -14,7 +14,7 @@ best-layer cell of each probe and binary task of every model x datapack, then th
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from experiments.schema import InterventionsSchema
 
 answer_help(__name__, "interventions", InterventionsSchema)   # before the imports below: --help is quick
@@ -27,14 +27,14 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from evaluation.provenance import host, page_command, page_stamp
+from toolkit.provenance import host, page_command, page_stamp
 from experiments import plots
 from experiments.steps import run_step
 from experiments.tables import best_layers, layer_table, load_cells, markdown_table, publish
-from extract.config import CONF_DIR
-from extract.entry import entry_main
-from extract.errors import ToolkitError, check_count, check_name, check_writable
-from extract.schema import typed_options
+from toolkit.config import CONF_DIR
+from toolkit.entry import entry_main
+from toolkit.errors import ToolkitError, check_count, check_name, check_writable
+from toolkit.schema import typed_options
 
 log = logging.getLogger(__name__)
 BINARY_TASKS = ("true_vs_all", "false_vs_all", "neither_vs_all", "true_vs_false")

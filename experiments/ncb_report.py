@@ -33,7 +33,7 @@ from evaluation.selective import paired_bootstrap
 from experiments.ncb_robust import stress_inputs, write_robust
 from experiments.plots import pyplot
 from experiments.tables import ALPHA, p_text, with_holm, yes_no
-from extract.errors import check_name
+from toolkit.errors import check_name
 
 log = logging.getLogger(__name__)
 QUANTITY = ("peer", "peer_truth")  # interferences whose level is a count k

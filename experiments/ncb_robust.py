@@ -33,7 +33,7 @@ from evaluation.cells import CellError, read_cell
 from evaluation.metrics import as_probs, auroc, mcc
 from evaluation.selective import paired_bootstrap
 from experiments.tables import ALPHA, p_text, with_holm, yes_no
-from extract.errors import check_name
+from toolkit.errors import check_name
 from probes.schema import AUGMENTS
 
 log = logging.getLogger(__name__)

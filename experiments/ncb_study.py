@@ -23,7 +23,7 @@ follows the model and datapack's section.
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from experiments.schema import NCBStudySchema
 
 answer_help(__name__, "ncb_study", NCBStudySchema)   # before the imports below: --help is quick
@@ -36,17 +36,17 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from evaluation.cells import CellError
-from evaluation.provenance import host, page_command, page_stamp
+from toolkit.provenance import host, page_command, page_stamp
 from evaluation.tasks import TASKS
 from experiments.cross_model import load_study
 from experiments.ncb_report import load_stress
 from experiments.steps import run_step, store_complete
 from experiments.ncb_robust import clean_markdown, clean_table, ncb_folders, robust_markdown, robust_table
 from experiments.tables import ALPHA, best_layers, holm_resolution_warning, publish
-from extract.config import CONF_DIR
-from extract.entry import entry_main
-from extract.errors import ToolkitError, check_count, check_writable
-from extract.schema import typed_options
+from toolkit.config import CONF_DIR
+from toolkit.entry import entry_main
+from toolkit.errors import ToolkitError, check_count, check_writable
+from toolkit.schema import typed_options
 from extract.store import store_path
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from datetime import date
 
 import numpy as np
 
-from evaluation.provenance import provenance
+from toolkit.provenance import provenance
 from experiments.tables import load_cells
 
 METRICS = ("ece", "wmcc", "acceptance", "mcc")

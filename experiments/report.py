@@ -30,7 +30,7 @@ apart from the sampling interval `<metric>_boot_lo/_hi` (mean of the seeds' boot
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from experiments.schema import ReportSchema
 
 answer_help(__name__, "report", ReportSchema)   # before the imports below: --help needs no torch
@@ -50,9 +50,9 @@ from experiments.ncb_report import write_ncb
 from experiments.transfer import write_transfer
 from experiments.truthfulqa_report import write_truthfulqa
 from extract.statements import TRILEMMA, TRUTHFULQA
-from extract.entry import entry_main
-from extract.errors import check_writable
-from extract.schema import typed_options
+from toolkit.entry import entry_main
+from toolkit.errors import check_writable
+from toolkit.schema import typed_options
 
 log = logging.getLogger(__name__)
 VERSUS = {"mcc": "mcnemar", "mcc_all": "mcnemar_all"}   # estimand -> the McNemar test on the same rows
@@ -170,7 +170,7 @@ _HINTS = {"cross_model": "a list of models, e.g. cross_model=[smollm2,gemma3-270
 
 
 def validate(cfg: DictConfig) -> dict:
-    """The options typed (extract.schema.typed_options) and reports_dir writable."""
+    """The options typed (toolkit.schema.typed_options) and reports_dir writable."""
     checked = typed_options(cfg, ReportSchema, _HINTS, {"model.name": "model=<name> or model.name=<name>",
                                                        "data.name": "data=<datapack> or data.name=<name>"})
     check_writable(checked["reports_dir"], "reports_dir")

@@ -1,6 +1,6 @@
 """Typed schemas of the report entry points' options (`python -m experiments.report`, `.transfer`,
 `.cross_model`; conf/<name>.yaml holds the defaults), checked before any work by the one typed parser
-(extract.schema.typed_options). Light on purpose: `--help` reads this module (extract.config.answer_help).
+(toolkit.schema.typed_options). Light on purpose: `--help` reads this module (toolkit.config.answer_help).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from evaluation.splits import KINDS
-from extract.schema import option
+from toolkit.schema import option
 from extract.statements import TRILEMMA
 
 TRANSFER_TASKS = ("true_vs_false", "multiclass")

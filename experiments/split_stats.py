@@ -14,7 +14,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from evaluation.splits import make_split
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.statements import TRILEMMA, load_statements
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.store import ActivationStore
 
 log = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ from multiprocessing import get_context
 
 from hydra.errors import HydraException
 
-from extract.config import CONF_DIR, compose_config
-from extract.entry import reuse_freed_memory
-from extract.errors import ToolkitError, check_count
+from toolkit.config import CONF_DIR, compose_config
+from toolkit.entry import reuse_freed_memory
+from toolkit.errors import ToolkitError, check_count
 from extract.store import ActivationStore, select_layers, store_path
 from probes.base import resolve_device
 from probes.pipeline import make_probe, method_name, train_probes

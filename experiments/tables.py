@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cell_metrics import cell_auroc_interval, no_signal
-from evaluation.cells import CellError, cell_path, read_cell, remove_stale_temps, settings_key, settings_mismatch
+from evaluation.cells import CellError, cell_path, read_cell, settings_key, settings_mismatch
+from toolkit.disk import remove_stale_temps
 from evaluation.selective import holm
-from extract.disk import fsync_path
-from extract.errors import ToolkitError, check_name
+from toolkit.disk import fsync_path
+from toolkit.errors import ToolkitError, check_name
 
 log = logging.getLogger(__name__)
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")

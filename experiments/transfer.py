@@ -19,7 +19,7 @@ cell's test split). Writes to <reports_dir>/<model>/:
 """
 from __future__ import annotations
 
-from extract.config import answer_help
+from toolkit.config import answer_help
 from experiments.schema import TRANSFER_TASKS, TransferSchema
 
 answer_help(__name__, "transfer", TransferSchema)   # before the imports below: --help needs no torch
@@ -35,13 +35,13 @@ from omegaconf import DictConfig
 from apply_probe import apply_to_store, transfer_path
 from evaluation.cell_metrics import cell_auroc_interval
 from evaluation.cells import CellError
-from evaluation.provenance import host, page_command, page_stamp
+from toolkit.provenance import host, page_command, page_stamp
 from experiments.plots import LABELS, save, subplots, words
 from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
-from extract.errors import check_name, check_writable
-from extract.entry import entry_main
-from extract.schema import typed_options
+from toolkit.errors import check_name, check_writable
+from toolkit.entry import entry_main
+from toolkit.schema import typed_options
 from extract.statements import TRILEMMA
 
 log = logging.getLogger(__name__)

@@ -40,10 +40,10 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cells import CellError, read_cell
-from evaluation.provenance import host, shown_command
+from toolkit.provenance import host, shown_command
 from experiments.plots import legend_below, pyplot
 from experiments.tables import best_layers, layer_table, load_cells
-from extract.errors import check_name
+from toolkit.errors import check_name
 from extract.statements import TRUTHFULQA
 from evaluation.multiple_choice import mc1_credit, mc2_verify, mc_scores
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.models import load_model
 from extract.truthfulqa_pack import load_questions
 from truthfulqa.likelihood import context_text

@@ -1,6 +1,6 @@
 """`python -m extract model=... data=...`: compose the config, run one extraction (or print its plan: dry_run=true)."""
-from extract.entry import entry_main
-from extract.schema import ExtractSchema
+from toolkit.entry import entry_main
+from toolkit.schema import ExtractSchema
 
 
 def _summary(result, cfg) -> str:

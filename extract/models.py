@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from extract.disk import waiting_lock
-from extract.errors import ToolkitError
+from toolkit.disk import waiting_lock
+from toolkit.errors import ToolkitError
 
 log = logging.getLogger(__name__)
 CACHE_DIR = Path(os.environ.get("TRUTHPROBE_CACHE") or Path.home() / ".cache" / "truthprobe")

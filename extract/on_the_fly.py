@@ -21,7 +21,7 @@ from extract.capture import LayerCapture, plan_batches, render
 from extract.models import LoadedModel, load_model
 from extract.run import _check_inputs
 from extract.store import TORCH_STORED, ActivationStore, StoreError, from_stored, torch_to_stored
-from extract.schema import literal_config
+from toolkit.schema import literal_config
 
 
 def store_model(attrs: dict, device: str = "auto") -> LoadedModel:

@@ -14,7 +14,7 @@ import inspect
 import numpy as np
 import torch
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 
 
 def padded_batch(tails: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from extract.disk import check_space, format_bytes
+from toolkit.disk import check_space, format_bytes
 
 # forward tokens per second (distinct tokens, every layer captured, store written), by model.name and
 # device type; tokens_per_s= overrides them. Measured on 2 CPU cores shared with other work (load
@@ -59,7 +59,7 @@ def free_space(folder: Path) -> int:
 
 
 def check_plan(plan: Plan, reclaimable: int = 0) -> None:
-    """Refuse (one line, extract.disk.NoSpace) a plan whose store the disk cannot hold."""
+    """Refuse (one line, toolkit.disk.NoSpace) a plan whose store the disk cannot hold."""
     check_space(plan.path.parent, plan.total_bytes, reclaimable=reclaimable)
 
 

@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from extract.capture import Inputs, LayerCapture, plan_batches, plan_windows, render, split_prefix
-from extract.disk import format_bytes, is_sparse, make_folders, remove_empty, reserve, writer_lock
+from toolkit.disk import format_bytes, is_sparse, make_folders, remove_empty, reserve, writer_lock
 from extract.models import load_model, load_spec, resolve_device
 from extract.plan import MEASURED_TOKENS_PER_S, Plan, check_plan, free_space
 from extract.shards import merge_shards, shard_path, shard_rows
-from extract.schema import validate
+from toolkit.schema import validate
 from extract.statements import TRUTHFULQA, StatementsError, limit_statements, load_statements
 from extract.store import (KIND_STATEMENT, StoreError, select_layers, store_path, torch_to_stored, STORED_DTYPES,
                            TORCH_STORED)

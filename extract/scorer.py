@@ -8,7 +8,7 @@ into its rows [B, *reduce.shape] (reduce.dtype); `reduce.keep` (int or int [N]) 
 tokens of each sequence the prefix must leave.
 
 With a `Checkpoint`, every `save_every` batches and after the last one the rows done so far are
-written (the caller's atomic writer: evaluation.cells.atomic_write; extract does not import
+written (the caller's atomic writer: toolkit.disk.atomic_write; extract does not import
 evaluation) to an npz: scores [N, *shape] in input order, n_done (rows of the batch order done),
 batch_size and signature (JSON: the caller's part, the model's id, fingerprint and dtype, the sha256 of
 the sequences and `keep`, the batch order and the prefix length). A run with the same signature
@@ -30,7 +30,7 @@ from typing import IO, Callable, NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.padded_forward import PaddedForward
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from extract.capture import plan_windows, split_prefix
-from extract.disk import make_folders, remove_empty, writer_lock
+from toolkit.disk import make_folders, remove_empty, writer_lock
 from extract.store import STORED_DTYPES, ActivationStore, StoreError
 from extract.store_writer import StoreWriter, build_store, check_compatible, estimate_bytes
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.truthfulqa_pack import DEFAULT_CSV, load_questions
 
 LABELS = {0: "false", 1: "true", 2: "neither"}

@@ -49,8 +49,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from extract.disk import os_reason, writer_pid
-from extract.errors import ToolkitError, check_name
+from toolkit.disk import os_reason, writer_pid
+from toolkit.errors import ToolkitError, check_name
 
 SCHEMA_VERSION = 2          # written when a shared prefix is stored; schema 1 otherwise
 READABLE_SCHEMAS = (1, 2)

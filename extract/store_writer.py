@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
-from extract.disk import NoSpace, check_space, fsync_path, os_reason, reserve
+from toolkit.disk import NoSpace, check_space, fsync_path, os_reason, reserve
 from extract.store import (SCHEMA_VERSION, STORED_DTYPES, TEXT_COLUMNS, TOOLKIT_VERSION, StoreError, open_store,
                            plain_value)
 

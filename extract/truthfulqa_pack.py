@@ -14,7 +14,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 
 DEFAULT_CSV = Path(__file__).resolve().parent.parent / "data" / "truthfulqa" / "TruthfulQA.csv"
 COLUMNS = ("Question", "Best Answer", "Correct Answers", "Incorrect Answers")

@@ -1,6 +1,6 @@
 """`python -m intervene model=... data=... cell=<cell.json>`: compose the config, steer along the cell's probe
 direction and write its intervention file."""
-from extract.entry import entry_main
+from toolkit.entry import entry_main
 from intervene.schema import InterveneSchema
 
 main = entry_main("intervene", InterveneSchema, "intervene.run:run", lambda path, cfg: f"written: {path}",

@@ -44,11 +44,13 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import atomic_write, check_cell_source, read_cell, write_record
+from evaluation.cells import check_cell_source, read_cell, write_record
+
+from toolkit.disk import atomic_write
 from evaluation.selective import bootstrap_p, cluster_bootstrap_indices
 from evaluation.splits import make_split
 from evaluation.tasks import task_targets
-from extract.errors import ToolkitError, check_name
+from toolkit.errors import ToolkitError, check_name
 from extract.models import load_model
 from extract.scorer import score
 from extract.statements import limit_statements

@@ -1,4 +1,4 @@
-"""Typed schema of `python -m intervene`'s options, checked before any work (extract.schema.typed_options, then
+"""Typed schema of `python -m intervene`'s options, checked before any work (toolkit.schema.typed_options, then
 the ranges it cannot express), so that a bad option is one line before a model is loaded."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
-from extract.errors import ToolkitError, check_count, check_name, check_writable
-from extract.schema import literal_config, ModelSchema, option, threads_option, typed_options
+from toolkit.errors import ToolkitError, check_count, check_name, check_writable
+from toolkit.schema import literal_config, ModelSchema, option, threads_option, typed_options
 from zero_shot.prompts import get_enumeration
 
 READOUTS = ("zero_shot", "likelihood")

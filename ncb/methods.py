@@ -26,15 +26,17 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import atomic_write, check_cell_source, read_cell
+from evaluation.cells import check_cell_source, read_cell
+
+from toolkit.disk import atomic_write
 from evaluation.splits import Split, make_split
 from evaluation.tasks import task_targets
-from extract.errors import ToolkitError, check_name
+from toolkit.errors import ToolkitError, check_name
 from extract.models import load_model
 from extract.scorer import Checkpoint, score
 from extract.statements import TRILEMMA, datapack_table
 from extract.store import KIND_STATEMENT, ActivationStore, check_same_model, store_path, store_summary
-from extract.schema import literal_config
+from toolkit.schema import literal_config
 from contexts.stores import extract_inputs, input_store_name
 from probes.artifacts import load_probe
 from probes.features import layer_features

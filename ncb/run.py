@@ -36,7 +36,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.cells import write_json, write_record
-from extract.errors import check_name
+from toolkit.errors import check_name
 from contexts.interference import perturbations
 from ncb.methods import Method, load_method, resolve
 from ncb.neighbourhoods import PARTS, ncb_scores, neighbourhoods, part_of_rows, select_groups

@@ -1,7 +1,7 @@
-"""Typed schema of `python -m ncb`'s options, checked before any work (see extract/schema.py).
+"""Typed schema of `python -m ncb`'s options, checked before any work (see toolkit/schema.py).
 
 Types (booleans included: `overwrite=no` is refused, never read as true) by the one typed parser,
-extract.schema.typed_options; then the ranges it cannot express, the zero-shot enumeration, the
+toolkit.schema.typed_options; then the ranges it cannot express, the zero-shot enumeration, the
 stress templates (contexts.interference.check_templates) and a writable results_dir. Level keys of the
 stress templates are text (`stress.interferences.peer.1='...'` replaces one level's template;
 `+stress.interferences.peer.7='...'` adds one), so two levels can never be pooled under one name.
@@ -15,8 +15,8 @@ from typing import Any
 from omegaconf import MISSING, DictConfig
 
 from evaluation.tasks import TASKS
-from extract.errors import ToolkitError, check_count, check_name, check_writable
-from extract.schema import literal_config, InputStoreOptions, ModelSchema, option, threads_option, typed_options
+from toolkit.errors import ToolkitError, check_count, check_name, check_writable
+from toolkit.schema import literal_config, InputStoreOptions, ModelSchema, option, threads_option, typed_options
 from contexts.interference import check_templates
 from zero_shot.prompts import get_enumeration
 

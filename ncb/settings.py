@@ -27,7 +27,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.cells import atomic_write, write_record
+from evaluation.cells import write_record
+
+from toolkit.disk import atomic_write
 from extract.models import load_model
 from extract.scorer import Checkpoint, score
 from ncb import self_consistency

@@ -12,7 +12,7 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from evaluation.cells import atomic_write
+from toolkit.disk import atomic_write
 from evaluation.selective import bootstrap_p, cluster_bootstrap_indices
 
 

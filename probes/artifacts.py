@@ -37,7 +37,7 @@ from evaluation.calibration import ScoreMap
 from evaluation.cells import CellError, read_cell
 from evaluation.conformal import ConformalClassifier, ConformalError, ReferenceConformal, check_procedure
 from extract.store import ActivationStore, store_summary
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from probes.card import is_card, read_card, save_card
 from probes.base import Probe, ProbeError, as_features, check_choice, check_class_labels, check_rows
 from probes.features import Features
@@ -265,7 +265,7 @@ def fit_probe(probe: str | dict, X: np.ndarray | tuple | Features, y: np.ndarray
         store: an ActivationStore, recorded with the probe (its model and settings).
     """
     if isinstance(probe, str):
-        from extract.config import compose_config  # Hydra composition, only for a probe given by name
+        from toolkit.config import compose_config  # Hydra composition, only for a probe given by name
 
         spec = {**OmegaConf.to_container(compose_config("train_probe", f"probe={probe}").probe, resolve=True),
                 **options}

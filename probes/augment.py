@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.splits import Split
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.store import ActivationStore, check_same_model, store_summary
 from contexts.interference import control_text, perturbations
 from contexts.stores import extract_inputs, input_store_name

@@ -39,7 +39,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from probes.features import TOKEN_KINDS, Features
 
 

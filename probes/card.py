@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as load_tensors
 
-from evaluation.cells import CellError, atomic_write
+from evaluation.cells import CellError
+
+from toolkit.disk import atomic_write
 from evaluation.tasks import POSITIVE, TASKS
 from extract.statements import LABELS
 from probes.saved_pair import heads_bytes

@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evaluation.cells import CellError, atomic_write
+from evaluation.cells import CellError
+
+from toolkit.disk import atomic_write
 from extract.scorer import Checkpoint, partial_path, score
 from probes.features import Features
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.store import KIND_CONTEXT, KIND_SPECIAL, KIND_STATEMENT, KIND_TEMPLATE, ActivationStore
 
 REPRESENTATIONS = ("last", "mean", "bags")

@@ -28,7 +28,7 @@ from evaluation.metrics import mcc, plain_prediction, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tracking import tracking
 from evaluation.tasks import POSITIVE, TASKS, task_targets
-from extract.errors import check_name
+from toolkit.errors import check_name
 from extract.statements import FALSE, NEITHER, TRUE, datapack_table
 from extract.store import ActivationStore, select_layers, store_path, store_summary
 from probes.augment import Augmentation, augmentation

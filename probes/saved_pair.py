@@ -18,9 +18,11 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from evaluation.cells import CellError, atomic_write, check_same_settings, read_cell, write_cell
-from extract.disk import waiting_lock
-from extract.errors import check_name
+from evaluation.cells import CellError, check_same_settings, read_cell, write_cell
+
+from toolkit.disk import atomic_write
+from toolkit.disk import waiting_lock
+from toolkit.errors import check_name
 from probes.base import Probe
 
 SUFFIX = ".probe.safetensors"

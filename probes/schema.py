@@ -1,8 +1,8 @@
 """Typed schemas of `python -m train_probe`'s and `python -m apply_probe`'s own options, checked before any
-work (see extract/schema.py).
+work (see toolkit/schema.py).
 
 Probe options (`probe.*`) are checked by each probe's constructor; these are the runs' options. This
-module imports neither torch nor the probes: `--help` reads it (extract.config.answer_help).
+module imports neither torch nor the probes: `--help` reads it (toolkit.config.answer_help).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig
 
 from evaluation.tracking import check_tracker
-from extract.errors import ToolkitError, check_count, check_writable
-from extract.schema import literal_config, InputStoreOptions, option, threads_option, typed_options
+from toolkit.errors import ToolkitError, check_count, check_writable
+from toolkit.schema import literal_config, InputStoreOptions, option, threads_option, typed_options
 
 Bootstrap = Enum("Bootstrap", {k: k for k in ("cluster", "iid")})
 Calibration = Enum("Calibration", {k: k for k in ("out_of_fold", "out_of_fold_cv", "in_sample")})

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.statements import DATA_DIR, load_statements
 from extract.store import KIND_SPECIAL, KIND_STATEMENT
 from extract.store_writer import create_store

@@ -18,8 +18,8 @@ from apply_probe import apply, apply_to_statements, apply_to_store, csv_statemen
 from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from extract.on_the_fly import extract_statements, store_model
 from extract.store import ActivationStore, ModelMismatch, StoreError, store_summary
 from probes.artifacts import fit_probe, load_probe

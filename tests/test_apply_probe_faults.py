@@ -19,7 +19,7 @@ from safetensors.torch import save as save_tensors
 from apply_probe import apply, apply_to_store
 from evaluation.cells import CellError, read_cell
 from evaluation.splits import entity_groups, make_split
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.store import ActivationStore
 from probes.artifacts import fit_probe, load_probe
 from probes.saved_pair import artifact_path

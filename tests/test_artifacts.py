@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from evaluation.cells import CellError, read_cell
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.artifacts import load_probe
 from probes.saved_pair import artifact_path
 from probes.pipeline import train_probes
@@ -103,7 +103,7 @@ def test_loading_takes_either_file_and_refuses_a_missing_probe(trained):
 def test_a_write_removes_temporaries_of_dead_writers_of_this_host_only(tmp_path):
     import socket
 
-    from evaluation.cells import atomic_write
+    from toolkit.disk import atomic_write
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -10,10 +10,10 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from extract.config import CONF_DIR, compose_config, config_groups
-from extract.entry import COMMANDS, quoted
-from extract.errors import misspelt_line
-from extract.schema import schema_options
+from toolkit.config import CONF_DIR, compose_config, config_groups
+from toolkit.entry import COMMANDS, quoted
+from toolkit.errors import misspelt_line
+from toolkit.schema import schema_options
 from tests.helpers import ROOT, assert_one_error_line, run_module
 from tests.test_schemas import SCHEMAS
 
@@ -97,13 +97,13 @@ def test_a_name_close_to_nothing_keeps_hydras_line():
 
 
 def test_truthprobe_lists_the_commands_and_runs_one():
-    done = subprocess.run([sys.executable, "-c", "from extract.entry import truthprobe; truthprobe()", "--help"],
+    done = subprocess.run([sys.executable, "-c", "from toolkit.entry import truthprobe; truthprobe()", "--help"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and all(f"  {c} " in done.stdout for c in COMMANDS), done.stdout
-    done = subprocess.run([sys.executable, "-c", "from extract.entry import truthprobe; truthprobe()", "train-probe",
+    done = subprocess.run([sys.executable, "-c", "from toolkit.entry import truthprobe; truthprobe()", "train-probe",
                            "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "layer=16" in done.stdout, done.stderr[-2000:]
-    done = subprocess.run([sys.executable, "-c", "from extract.entry import truthprobe; truthprobe()", "trian-probe"],
+    done = subprocess.run([sys.executable, "-c", "from toolkit.entry import truthprobe; truthprobe()", "trian-probe"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "did you mean train-probe?" in done.stderr
 
@@ -164,7 +164,7 @@ def test_a_refused_run_leaves_no_logs_and_a_real_run_logs_under_its_output_folde
 PAGE_FAULTS = """
 import resource, sys
 import torch
-from extract.entry import reuse_freed_memory
+from toolkit.entry import reuse_freed_memory
 if sys.argv[1] == "reuse":
     assert reuse_freed_memory()
 x = torch.ones(8 << 20, dtype=torch.float64); del x

@@ -17,7 +17,7 @@ from sklearn.metrics import matthews_corrcoef
 from evaluation.selective import aurc, holm, mcnemar_exact
 from experiments.compare import ESTIMANDS, compare_cells
 from experiments.report import write_report
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.pipeline import train_probes
 from tests.helpers import make_synthetic_store
 

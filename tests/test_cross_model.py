@@ -17,7 +17,7 @@ import pytest
 from experiments.claims_neither import FEATURE_CONTROLS
 from experiments.cross_model import depth_quarter, depth_summary, verdict
 from evaluation.selective import holm
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.pipeline import train_probes
 from tests.helpers import make_depth_store
 

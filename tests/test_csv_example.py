@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from evaluation.conformal import ConformalError
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.statements import load_statements
 from probes.pipeline import train_probes
 from tests.helpers import extract_csv

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extract.config import compose_config, config_groups
-from extract.entry import SCHEMAS, schema_of
-from extract.schema import schema_options
+from toolkit.config import compose_config, config_groups
+from toolkit.entry import SCHEMAS, schema_of
+from toolkit.schema import schema_options
 
 ROOT = Path(__file__).resolve().parent.parent
 

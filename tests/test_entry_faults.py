@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from extract.statements import DATA_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def test_truthfulqa_cli_n_boot_0_is_one_line_and_writes_nothing(tmp_path):
 
 
 def test_truthfulqa_latin1_csv_is_one_line_naming_the_file_and_the_encoding(tmp_path, caplog):
-    from extract.errors import run_entry
+    from toolkit.errors import run_entry
     from truthfulqa.run import run
 
     path = tmp_path / "latin1.csv"
@@ -134,7 +134,7 @@ def test_truthfulqa_latin1_csv_is_one_line_naming_the_file_and_the_encoding(tmp_
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as exit_:
         run_entry(run, tqa(f"data_path={path}", f"results_dir={tmp_path / 'r'}"), log=logging.getLogger("t"))
     assert exit_.value.code == 1 and not (tmp_path / "r").exists()
-    from extract.config import compose_config
+    from toolkit.config import compose_config
     from extract.run import extract   # the probing datapack reads the CSV with the same parser
     with pytest.raises(ToolkitError) as err:
         extract(compose_config("extract", "model=tiny", "data=truthfulqa", f"data.path={path}",
@@ -162,7 +162,7 @@ def test_truthfulqa_corrupt_partial_is_discarded_with_one_line_and_redone(tqa_wh
     partial = partial_path(result_path(cfg))
     valid = None
     if kind == "truncated":                            # a real checkpoint of this run, cut in half
-        killed = killed_run("evaluation.cells.atomic_write", 1, "truthfulqa", "model=tiny", *common,
+        killed = killed_run("toolkit.disk.atomic_write", 1, "truthfulqa", "model=tiny", *common,
                             f"results_dir={tmp_path / 'r'}", logs=tmp_path / "logs")
         assert killed.returncode == -signal.SIGKILL and partial.exists(), killed.stderr[-2000:]
         valid = tmp_path / "valid.npz"
@@ -182,7 +182,7 @@ def test_truthfulqa_resumes_after_sigkill_bit_identical(tqa_whole, tmp_path):
 
     common, whole = tqa_whole
     args = ["model=tiny", *common, f"results_dir={tmp_path / 'r'}"]
-    killed = killed_run("evaluation.cells.atomic_write", 2, "truthfulqa", *args, logs=tmp_path / "logs")
+    killed = killed_run("toolkit.disk.atomic_write", 2, "truthfulqa", *args, logs=tmp_path / "logs")
     final = result_path(tqa(*common, f"results_dir={tmp_path / 'r'}"))
     assert killed.returncode == -signal.SIGKILL and partial_path(final).exists() and not final.exists()
     done = cli("truthfulqa", *args, logs=tmp_path / "logs2")
@@ -204,7 +204,7 @@ def test_zero_shot_corrupt_partial_is_discarded_with_one_line_and_redone(tmp_pat
     partial = partial_path(scores_path(cfg, "-limit8"))
     valid = None
     if kind == "truncated":
-        killed = killed_run("evaluation.cells.atomic_write", 1, "zero_shot", *common,
+        killed = killed_run("toolkit.disk.atomic_write", 1, "zero_shot", *common,
                             f"results_dir={tmp_path / 'b'}", logs=tmp_path / "logs")
         assert killed.returncode == -signal.SIGKILL and partial.exists(), killed.stderr[-2000:]
         valid = tmp_path / "valid.npz"
@@ -413,7 +413,7 @@ def test_ncb_zero_shot_resumes_after_sigkill_bit_identical(mini_pack, tmp_path):
                                               ("alpha=2", "alpha"), ("rows=some", "rows="),
                                               ("bootstrap=blocks", "bootstrap="), ("enumeration=bogus", "bogus")])
 def test_zero_shot_options_are_refused_in_one_line_before_any_work(tmp_path, override, needle):
-    from extract.config import compose_config
+    from toolkit.config import compose_config
     from zero_shot.run import run
 
     with pytest.raises(ToolkitError, match=needle) as err:

@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from extract.capture import plan_batches, plan_windows, render
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.models import decoder_layers, load_model
 from extract.run import extract
 from extract.statements import StatementsError, limit_statements, load_statements

@@ -9,7 +9,7 @@ from collections import namedtuple
 import h5py
 import pytest
 
-from extract.disk import NoSpace
+from toolkit.disk import NoSpace
 from extract.run import extract
 from tests.helpers import assert_one_error_line, extract_config, run_module
 

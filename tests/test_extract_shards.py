@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from extract.run import extract
 from extract.shards import shard_path, shard_rows
 from extract.store import ActivationStore, StoreError

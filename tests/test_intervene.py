@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load, save
 
 import intervene.run as iv
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.models import decoder_layers, load_model
 from extract.run import extract
 from extract.scorer import score

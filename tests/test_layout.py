@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.features import Features
 from probes.pipeline import make_probe
 from tests.helpers import assert_one_error_line, run_module

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from evaluation.splits import make_split
 from extract.capture import render
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.statements import load_statements
 from extract.store import KIND_CONTEXT, KIND_STATEMENT
 from contexts.interference import perturbations

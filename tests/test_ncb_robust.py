@@ -16,8 +16,8 @@ from sklearn.metrics import matthews_corrcoef, roc_auc_score
 
 from evaluation.selective import cluster_bootstrap_indices
 from evaluation.splits import Split, make_split
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from extract.statements import load_statements
 from probes.augment import training_inputs
 from contexts.interference import as_clause, control_text

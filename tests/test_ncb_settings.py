@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from ncb.methods import QUESTION
 from ncb.self_consistency import agreement, draw_first_answers
 from ncb.settings import COT, REFLECT, Answerer

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from tests.helpers import assert_one_error_line, run_module, whole_cities_csv
 
 

@@ -10,7 +10,6 @@ import logging
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,8 +18,8 @@ import pytest
 from evaluation.cells import CellError, read_cell
 from evaluation.splits import make_split
 from experiments.report import write_report
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from probes.base import ProbeError
 from probes.pipeline import make_probe, train_probes
 from tests.helpers import ROOT, assert_one_error_line, make_synthetic_store, run_cfg, tmpfs
@@ -60,8 +59,8 @@ def test_a_read_only_output_folder_is_one_line_not_hydras_traceback(read_only, t
     ("extract", ["dry_run=1"], "dry_run=1: use true or false"),
 ])
 def test_empty_or_repeated_lists_and_numbers_for_booleans_are_one_line(config, args, needle):
-    from extract.entry import schema_of
-    from extract.schema import typed_options
+    from toolkit.entry import schema_of
+    from toolkit.schema import typed_options
 
     cfg = compose_config(config, *TINY, *args)
     with pytest.raises(ToolkitError) as err:
@@ -160,7 +159,7 @@ def test_a_sweep_refuses_a_probe_listed_twice(tmp_path):
 
 
 def test_count_options_suggest_a_valid_value():
-    from extract.errors import check_count
+    from toolkit.errors import check_count
 
     with pytest.raises(ToolkitError, match=r"give e.g. workers=1$"):
         check_count(0, "workers")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from evaluation.cells import CellError
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.store import ActivationStore
 from probes.artifacts import load_probe
 from probes.features import TOKEN_KINDS

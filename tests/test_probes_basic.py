@@ -179,7 +179,7 @@ def test_mean_representation_recorded_and_bags_reduced(data):
 
 
 def test_hydra_configs_instantiate():
-    from extract.config import compose_config
+    from toolkit.config import compose_config
     from probes.pipeline import make_probe
     from probes.ccs import CCSProbe
     from probes.samil import SAwMILProbe

@@ -1,4 +1,4 @@
-"""Every output of every entry point records its provenance (evaluation/provenance.py) and every store
+"""Every output of every entry point records its provenance (toolkit/provenance.py) and every store
 and cell names the checkpoint it came from (model_label): train_probe, apply_probe (transfer cell and
 statement record), zero_shot, truthfulqa and ncb, run for real on the tiny model."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 from apply_probe import apply_to_statements, apply_to_store
 from evaluation.cells import read_cell
-from evaluation.provenance import PACKAGES, config_hash
-from extract.config import compose_config
+from toolkit.provenance import PACKAGES, config_hash
+from toolkit.config import compose_config
 from extract.models import gguf_checkpoint
 from extract.run import extract
 from extract.store import ActivationStore, store_path

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.pipeline import train_probes
 from tests.helpers import datapack_csv, extract_csv
 

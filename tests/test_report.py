@@ -14,7 +14,7 @@ from sklearn.metrics import matthews_corrcoef
 
 from experiments.report import write_report
 from experiments.tables import cell_flag, with_holm
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.pipeline import train_probes
 from tests.helpers import make_synthetic_store
 

@@ -18,8 +18,8 @@ from experiments import compare as compare_module
 from experiments.cross_model import cross_model, write_cross_model
 from experiments.report import report, write_report
 from experiments.tables import ReportError, load_cells, publish
-from extract.config import compose_config
-from extract.errors import ToolkitError, hydra_error_line
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError, hydra_error_line
 from probes.pipeline import train_probes
 from tests.helpers import assert_one_error_line, fill_disk, make_depth_store, make_synthetic_store, run_module, tmpfs
 

@@ -29,7 +29,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_limits
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from tests.helpers import ROOT, datapack_csv, extract_csv, make_synthetic_store
 
 GOLDEN = ROOT / "tests" / "golden" / "small_sweep.json"

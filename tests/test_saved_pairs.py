@@ -19,6 +19,7 @@ from probes.artifacts import fit_probe, load_probe
 from probes.saved_pair import SUFFIX, artifact_path
 from probes.features import layer_features
 from probes.pipeline import train_probes
+from toolkit.disk import DiskError
 from tests.helpers import make_synthetic_store, run_cfg, tmpfs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +124,7 @@ def test_overwrite_on_a_full_disk_keeps_the_old_pair(dirs, tmp_path):
                 pass
         os.close(fd)
         os.truncate(filler, filler.stat().st_size - 8192)
-        with pytest.raises(CellError, match="cannot write") as err:
+        with pytest.raises(DiskError, match="cannot write") as err:
             train_probes(run_cfg(dirs, "probe=linear", NEW, "task=true_vs_all", "layer=1", f"results_dir={results}",
                                  "n_boot=10", "overwrite=true"))
         assert "\n" not in str(err.value)

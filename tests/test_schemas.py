@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from extract.config import CONF_DIR, compose_config, config_groups
-from extract.entry import SCHEMAS as SCHEMA_NAMES, schema_of
-from extract.schema import schema_options
+from toolkit.config import CONF_DIR, compose_config, config_groups
+from toolkit.entry import SCHEMAS as SCHEMA_NAMES, schema_of
+from toolkit.schema import schema_options
 
 SCHEMAS = {name: schema_of(name) for name in SCHEMA_NAMES}
 GIVEN_BY_THE_YAML = {("ncb", "stress.neutral"), ("ncb", "stress.interferences")}   # long texts: MISSING in the schema

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.cells import atomic_write
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.disk import atomic_write
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from extract.models import load_model
 from extract.scorer import Checkpoint, common_prefix_length, partial_path, score
 from truthfulqa.likelihood import LoglikScorer

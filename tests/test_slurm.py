@@ -22,7 +22,7 @@ import pytest
 
 from hydra import compose, initialize_config_dir
 
-from extract.config import CONF_DIR, compose_config
+from toolkit.config import CONF_DIR, compose_config
 from probes.pipeline import train_probes
 from tests.helpers import make_synthetic_store
 

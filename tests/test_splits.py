@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 
 from extract.statements import load_statements
 from evaluation.splits import Split, SplitError, make_split

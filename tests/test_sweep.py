@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments.sweep import COST, plan, replay, shared_gpu_warning
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 from probes.pipeline import train_probes
 from tests.helpers import comparable, make_synthetic_store, run_cfg
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from apply_probe import apply
-from extract.config import compose_config
-from extract.errors import ToolkitError
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError
 from extract.store import ActivationStore
 from probes.artifacts import load_probe
 from probes.features import TOKEN_KINDS

@@ -12,7 +12,7 @@ import pytest
 
 from evaluation.tracking import TrackerError, cell_record
 from experiments.sweep import sweep
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.pipeline import train_probes
 from tests.helpers import make_synthetic_store
 

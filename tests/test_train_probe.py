@@ -12,7 +12,7 @@ import pytest
 from sklearn.metrics import matthews_corrcoef
 
 from evaluation.cells import CellError, read_cell
-from extract.config import compose_config
+from toolkit.config import compose_config
 from probes.pipeline import probe_cell_path, train_probes
 from tests.helpers import make_synthetic_store, probe_config, run_cfg
 
@@ -162,7 +162,8 @@ def test_sixteen_concurrent_writers_leave_no_partial_cell(tmp_path):
 
 def _create_once(args):
     path, worker, start = args
-    from evaluation.cells import WrittenMeanwhile, write_cell
+    from evaluation.cells import write_cell
+    from toolkit.disk import WrittenMeanwhile
 
     start.wait()
     try:
@@ -291,7 +292,7 @@ def test_threads_auto_follows_the_launcher_and_is_printed(synthetic_dirs, tmp_pa
 
     import torch
 
-    from extract.entry import set_threads
+    from toolkit.entry import set_threads
 
     before = torch.get_num_threads()
     try:

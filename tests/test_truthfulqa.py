@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from extract.config import compose_config
-from extract.errors import ToolkitError, run_entry
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError, run_entry
 from extract.models import load_model
 from extract.scorer import score
-from extract.truthfulqa_pack import (TruthfulQAError, count_duplicate_choices, load_questions, split_answers)
+from extract.truthfulqa_pack import (count_duplicate_choices, load_questions, split_answers)
 from truthfulqa.likelihood import PRIMER, LoglikScorer, context_text, question_requests
 from evaluation.multiple_choice import mc_scores, question_ci
 from truthfulqa.run import build_requests, partial_path, result_path, run

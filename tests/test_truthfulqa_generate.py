@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from extract.config import compose_config
-from extract.errors import run_entry
+from toolkit.config import compose_config
+from toolkit.errors import run_entry
 from extract.truthfulqa_pack import load_questions
 from truthfulqa.judge import NO_COMMENT, agreement, examples, judge_text
 from truthfulqa.run import partial_path, result_path, run

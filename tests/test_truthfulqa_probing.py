@@ -14,7 +14,7 @@ from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import TaskError, task_targets
 from experiments.truthfulqa_report import write_truthfulqa
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.models import load_model
 from extract.run import extract
 from extract.statements import COLUMNS, load_statements
@@ -212,7 +212,7 @@ def test_knows_vs_says_report(tqa_cells, tqa_dirs, tmp_path):
         rec["mc1_p_yes"] = [p[a] for a in q.mc1_choices]
     (tqa_dirs / "results" / "tiny" / "truthfulqa" / "verify-chat.json").write_text(json.dumps(verify))
     csv, md, csv_all, md_all, png = write_truthfulqa(tqa_dirs / "results", tmp_path, "tiny")
-    table, chosen = pd.read_csv(csv_all), pd.read_csv(csv)
+    table = pd.read_csv(csv_all)
     assert len(table) == len(paths) and png.stat().st_size > 0
     assert md_all.read_text().startswith("All layers, not a selection") and "| probe | task |" in md_all.read_text()
     assert "Likelihood (lm_eval, all 30 questions)" in md.read_text()

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 
 from experiments.truthfulqa_report import behaviour_page, main
-from extract.config import compose_config
+from toolkit.config import compose_config
 from truthfulqa.run import run
 
 tqa_config = partial(compose_config, "truthfulqa")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from evaluation.multiple_choice import mc2_verify, probe_mc
-from extract.config import compose_config
-from extract.errors import ToolkitError, run_entry
+from toolkit.config import compose_config
+from toolkit.errors import ToolkitError, run_entry
 from extract.models import load_model
 from extract.truthfulqa_pack import load_questions
 from truthfulqa.likelihood import PRIMER

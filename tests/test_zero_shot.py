@@ -16,7 +16,7 @@ import pytest
 import torch
 from sklearn.metrics import matthews_corrcoef
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.models import load_model
 from extract.statements import load_statements
 from evaluation.splits import make_split

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from extract.errors import check_name
+from toolkit.errors import check_name
 from extract.truthfulqa_pack import Question, TruthfulQAError, load_questions
 
 
@@ -30,7 +30,7 @@ def machine(loaded) -> str:
     """Where a run ran, as results record it: device, CPU model, cores, torch threads."""
     import torch
 
-    from evaluation.provenance import host
+    from toolkit.provenance import host
 
     gpu = f" ({torch.cuda.get_device_name(loaded.device)})" if loaded.device.type == "cuda" else ""
     return f"{loaded.device}{gpu}; {host()}, {torch.get_num_threads()} torch threads"

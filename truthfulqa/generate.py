@@ -42,7 +42,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import atomic_write, write_json, write_record
+from evaluation.cells import write_json, write_record
+
+from toolkit.disk import atomic_write
 from evaluation.multiple_choice import question_ci
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score

@@ -40,7 +40,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import atomic_write, write_record
+from evaluation.cells import write_record
+
+from toolkit.disk import atomic_write
 from evaluation.multiple_choice import mc1_credit, mc2_verify, mc_scores, question_ci
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score

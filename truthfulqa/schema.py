@@ -1,6 +1,6 @@
-"""Typed schema of `python -m truthfulqa`'s options, checked before any work (see extract/schema.py).
+"""Typed schema of `python -m truthfulqa`'s options, checked before any work (see toolkit/schema.py).
 
-Types (booleans included) by the one typed parser, extract.schema.typed_options; then the ranges it
+Types (booleans included) by the one typed parser, toolkit.schema.typed_options; then the ranges it
 cannot express, the format and a writable results_dir, so that a bad option is one line before the
 model is loaded, never a traceback after the scoring.
 """
@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from extract.errors import ToolkitError, check_count, check_name, check_writable
-from extract.schema import literal_config, ModelSchema, option, threads_option, typed_options
+from toolkit.errors import ToolkitError, check_count, check_name, check_writable
+from toolkit.schema import literal_config, ModelSchema, option, threads_option, typed_options
 
 MODES = ("likelihood", "verify", "generate")
 _HINTS = {"limit": "a whole number >= 1, or null for every question", "batch_size": "a whole number >= 1",
@@ -58,7 +58,7 @@ class TruthfulQASchema:
 
 def judge_config(name: str) -> DictConfig:
     """The `model:` config conf/model/<name>.yaml (the judge of mode=generate); one line if there is none."""
-    from extract.config import CONF_DIR
+    from toolkit.config import CONF_DIR
 
     path = CONF_DIR / "model" / f"{check_name(name, 'judge')}.yaml"
     if not path.is_file():

@@ -1,6 +1,6 @@
 """`python -m zero_shot model=... data=... [enumeration=...] [scores=...]`: compose the config, score the
 statements (or load saved scores) and write the zero-shot result cells."""
-from extract.entry import entry_main
+from toolkit.entry import entry_main
 from zero_shot.schema import ZeroShotSchema
 
 main = entry_main("zero_shot", ZeroShotSchema, "zero_shot.run:run",

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 
 __all__ = ["ANSWERS", "TF_ANSWERS", "ENUMERATIONS", "Enumeration", "PromptRenderer",
            "get_enumeration", "base_prompt", "chat_messages", "option_token_ids", "PromptError"]

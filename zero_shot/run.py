@@ -53,7 +53,7 @@ from evaluation.conformal import (ConformalClassifier, ReferenceConformal, accep
 from evaluation.metrics import ABSTAIN, evaluate, resampling_groups
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import POSITIVE, TASKS, task_targets
-from extract.errors import check_count
+from toolkit.errors import check_count
 from extract.statements import DATA_DIR, FALSE, NEITHER, TRUE, datapack_table
 from zero_shot.schema import validate
 from zero_shot.scoring import N_COLUMNS, ZeroShotError, compute_scores

@@ -1,7 +1,7 @@
-"""Typed schema of `python -m zero_shot`'s options, checked before any work (see extract/schema.py).
+"""Typed schema of `python -m zero_shot`'s options, checked before any work (see toolkit/schema.py).
 
 Types (booleans included: `overwrite=maybe` is refused, never read as true) by the one typed parser,
-extract.schema.typed_options; then the ranges it cannot express, the enumeration, `rows` and a
+toolkit.schema.typed_options; then the ranges it cannot express, the enumeration, `rows` and a
 writable results_dir, so that a bad option is one line before the model is loaded.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from evaluation.metrics import resampling_groups
-from extract.errors import ToolkitError, check_count, check_name, check_writable
-from extract.schema import literal_config, ModelSchema, option, threads_option, typed_options
+from toolkit.errors import ToolkitError, check_count, check_name, check_writable
+from toolkit.schema import literal_config, ModelSchema, option, threads_option, typed_options
 from zero_shot.prompts import get_enumeration
 
 _HINTS = {"batch_size": "a whole number >= 1", "save_every": "a whole number >= 1", "limit": "a whole number >= 1, "

@@ -40,9 +40,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from evaluation.cells import atomic_write
+from toolkit.disk import atomic_write
 from evaluation.splits import make_split
-from extract.errors import ToolkitError, check_count, check_name
+from toolkit.errors import ToolkitError, check_count, check_name
 from extract.models import load_model
 from extract.scorer import Checkpoint, partial_path, score
 from extract.statements import datapack_table

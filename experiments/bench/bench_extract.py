@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from extract.config import compose_config
+from toolkit.config import compose_config
 from extract.capture import plan_batches, plan_windows
 from extract.models import load_model
 from extract.run import _fill, render_inputs, window_tokens

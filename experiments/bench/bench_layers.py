@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from extract.config import compose_config, layer_sweep_probes
+from toolkit.config import compose_config, layer_sweep_probes
 from probes.pipeline import train_probes
 
 

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.cells import atomic_write
-from evaluation.provenance import host, page_stamp
+from toolkit.disk import atomic_write
+from toolkit.provenance import host, page_stamp
 from experiments.sweep import longest_first, replay
 
 ROOT = Path(__file__).resolve().parents[2]

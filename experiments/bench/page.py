@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from evaluation.cells import atomic_write
-from evaluation.provenance import host, page_stamp
+from toolkit.disk import atomic_write
+from toolkit.provenance import host, page_stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = "{work}/activations/smollm2/city_locations.h5"

@@ -9,7 +9,7 @@ other entry points sharing a config group) pass through unchecked.
 
 Every entry point's schema declares each of its own options (not its config groups' keys) with
 `option(default, help)`: the YAML's default (tests/test_schemas.py checks they agree) and the
-one-line description `--help` prints (extract.config.answer_help).
+one-line description `--help` prints (toolkit.config.answer_help).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from extract.errors import ToolkitError, check_count, config_error
+from toolkit.errors import ToolkitError, check_count, config_error
 
 StoredDtype = Enum("StoredDtype", {k: k for k in ("float16", "bfloat16", "float32")})
 ComputeDtype = Enum("ComputeDtype", {k: k for k in ("float32", "bfloat16", "float16", "auto")})
@@ -49,7 +49,7 @@ def option(default, help: str, empty_ok: bool = False) -> Field:
 
 
 def threads_option() -> Field:
-    """The `threads` option of the entry points that run torch (conf/runtime/threads.yaml; extract.entry.set_threads)."""
+    """The `threads` option of the entry points that run torch (conf/runtime/threads.yaml; toolkit.entry.set_threads)."""
     return option("auto", "torch CPU threads: auto (SLURM_CPUS_PER_TASK or OMP_NUM_THREADS when set, else every core "
                           "of this process) or a number; one job of several at once: threads=1")
 

@@ -7,13 +7,15 @@ import errno
 import fcntl
 import os
 import shutil
+import socket
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from typing import Callable
+from typing import IO, Callable
 
-from extract.errors import ToolkitError
+from toolkit.errors import ToolkitError
 
 LOCK_WAIT_S = 2.0  # a reader's short shared lock must not make a starting writer fail
 
@@ -181,3 +183,68 @@ def waiting_lock(lock: Path, cannot: Callable[[OSError], Exception]):
         yield
     finally:
         os.close(fd)
+
+
+class WrittenMeanwhile(DiskError):
+    """A file written with ``replace=False`` that another process created first (nothing was replaced)."""
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None], replace: bool = True) -> None:
+    """write(binary file) into a temporary file of path's folder, fsync, then rename it over path:
+    a reader sees the old file or the new one, never a part. Permissions follow the umask. With
+    ``replace=False`` the file is created only if absent, atomically (a hard link of the temporary file:
+    of two writers started together one wins, the other gets WrittenMeanwhile)."""
+    path = Path(path)
+    try:
+        _write_replace(path, write, replace)
+    except FileExistsError:
+        raise WrittenMeanwhile(f"{path} was written by another run meanwhile: nothing was replaced (give another "
+                               "name, or overwrite=true to replace it)") from None
+    except OSError as err:   # no space, no permission, a file where a folder should be
+        fix = ("free space or choose another output folder" if err.errno in (errno.ENOSPC, errno.EDQUOT) else
+               "choose a writable output folder")
+        raise DiskError(f"cannot write {path} ({err.strerror or err}): {fix}") from None
+
+
+def remove_stale_temps(folder: Path, prefix: str) -> None:
+    """Delete `<prefix><pid>-*` temporary files or folders of folder whose writer (a process of this
+    host: the prefix names the host) is gone, e.g. SIGKILLed mid-write; other hosts' temporaries (a
+    shared file system) are left alone."""
+    for tmp in folder.glob(f"{prefix}*"):
+        pid = tmp.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
+
+
+def _write_replace(path: Path, write, replace: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".tmp-{socket.gethostname()}-"
+    remove_stale_temps(path.parent, prefix)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)     # FileExistsError when another writer was first
+    finally:
+        Path(tmp).unlink(missing_ok=True)

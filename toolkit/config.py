@@ -11,7 +11,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from extract.schema import schema_options
+from toolkit.schema import schema_options
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 

@@ -1,8 +1,8 @@
 """The command line: every entry point's `main` has one shape, and `truthprobe <command> ...` runs any
 of them (the `python -m` forms stay).
 
-An entry point's main answers `--help` from its schema without importing torch (extract.config.
-answer_help), composes its config under extract.errors.hydra_main (Hydra's errors as one line), calls
+An entry point's main answers `--help` from its schema without importing torch (toolkit.config.
+answer_help), composes its config under toolkit.errors.hydra_main (Hydra's errors as one line), calls
 its run function through run_entry (a ToolkitError is one line, exit 1) and logs one summary line.
 The modules below are named, not imported: `truthprobe --help` loads none of them.
 """
@@ -36,7 +36,7 @@ COMMANDS = {   # truthprobe <command> -> the module `python -m` runs, and what i
 }
 
 SCHEMAS = {   # conf/<name>.yaml -> the schema its entry point checks before any work (and --help and the manual list)
-    "extract": "extract.schema:ExtractSchema", "train_probe": "probes.schema:TrainProbeSchema",
+    "extract": "toolkit.schema:ExtractSchema", "train_probe": "probes.schema:TrainProbeSchema",
     "apply_probe": "probes.schema:ApplyProbeSchema", "zero_shot": "zero_shot.schema:ZeroShotSchema",
     "truthfulqa": "truthfulqa.schema:TruthfulQASchema", "ncb": "ncb.schema:NCBSchema",
     "report": "experiments.schema:ReportSchema", "transfer": "experiments.schema:TransferSchema",
@@ -58,8 +58,8 @@ def entry_main(config_name: str, schema: type, run: str | Callable, summary: Cal
     imported only when a config is run, so `--help` needs no torch); `summary(result, cfg)` gives its
     last log line (None: none); the command line's values of `quote` are taken as written (quoted(),
     with `renames`). main(cfg) runs a composed config directly (tests, notebooks)."""
-    from extract.config import answer_help
-    from extract.errors import RefusedRunLeavesNothing, hydra_main, run_entry
+    from toolkit.config import answer_help
+    from toolkit.errors import RefusedRunLeavesNothing, hydra_main, run_entry
 
     log = logging.getLogger(config_name)
 
@@ -100,7 +100,7 @@ def set_threads(value, log: logging.Logger | None = None) -> int:
     jobs at once, e.g. experiments.sweep), else every core this process may use (a single job). Several
     jobs sharing the cores each at every core oversubscribe them: one linear cell took 35 s at 2 threads
     on a loaded 2-core machine and 4.4 s at 1."""
-    from extract.errors import ToolkitError
+    from toolkit.errors import ToolkitError
 
     if str(value) == "auto":
         import torch
