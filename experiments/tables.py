@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.cell_metrics import cell_auroc_interval, no_signal
-from evaluation.cells import CellError, cell_path, read_cell, settings_key, settings_mismatch
+from evaluation.cells import CellError, cell_files, cell_parts, cell_path, read_cell, settings_key, settings_mismatch
 from toolkit.disk import remove_stale_temps
 from evaluation.selective import holm
 from toolkit.disk import fsync_path
@@ -36,7 +36,7 @@ def load_cells(results_dir: Path, model: str, datapack: str) -> pd.DataFrame:
     stored_layers (the store's layer list where the cell records it, else None), flag (cell_flag),
     metrics, path; everything is read from the cells themselves (evaluation.cells)."""
     root = Path(results_dir) / check_name(model, "model") / check_name(datapack, "data")
-    rows = [cell_row(path, report_cell(path, results_dir)) for path in sorted(root.glob("*/*/*/layer=*/seed=*.json"))]
+    rows = [cell_row(path, report_cell(path, results_dir)) for path in cell_files(results_dir, root.parent.name, root.name)]
     if not rows:
         raise CellError(f"no result cells under {root}: run `python -m train_probe` first")
     cells = pd.DataFrame(rows)
@@ -142,8 +142,8 @@ def report_cell(path: Path, results_dir=None) -> dict:
         except ToolkitError as err:
             raise CellError(f"{path}: {err}") from None
         if expected != Path(path):
-            parts = {"model": -7, "datapack": -6, "method": -5, "task": -4, "split": -3, "layer": -2, "seed": -1}
-            wrong = [f"{k}={v}" for k, v in names.items() if expected.parts[parts[k]] != Path(path).parts[parts[k]]]
+            found, wanted = cell_parts(path), cell_parts(expected)
+            wrong = [f"{k}={v}" for k, v in names.items() if wanted[k] != found[k]]
             raise CellError(f"{path}: its content says {', '.join(wrong) or 'another path'} (it belongs at {expected}): "
                             "a cell copied or moved by hand is refused, never counted as another seed or datapack; "
                             "move it back or delete it")

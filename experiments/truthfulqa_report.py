@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.cells import CellError, read_cell
+from evaluation.cells import CellError, cell_files, read_cell
 from toolkit.provenance import host, shown_command
 from experiments.plots import legend_below, pyplot
 from experiments.tables import best_layers, layer_table, load_cells
@@ -88,7 +88,7 @@ def probe_mc_table(results_dir: Path, model: str, likelihood: dict | None, verif
     by_row = {q["row"]: q for q in likelihood["questions"]} if likelihood else {}
     rows = []
     for task in TASKS:
-        for path in sorted(root.glob(f"*/{task}/*/layer=*/seed=*.json")):
+        for path in cell_files(results_dir, root.parent.name, TRUTHFULQA, task=task):
             cell = read_cell(path)
             m = cell["metrics"]
             if "probe_mc1" not in m:
@@ -294,7 +294,7 @@ def transfer_table(results_dir: Path, model: str, likelihood: dict | None) -> pd
     root = Path(results_dir) / check_name(model, "model")
     by_row = {q["row"]: q for q in likelihood["questions"]} if likelihood else {}
     rows = []
-    for path in sorted(root.glob(f"*->{TRUTHFULQA}/*/*/*/layer=*/seed=*.json")):
+    for path in cell_files(results_dir, root.name, f"*->{TRUTHFULQA}"):
         cell = read_cell(path)
         m = cell["metrics"]
         if "probe_mc1_ties" not in m:

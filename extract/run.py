@@ -30,7 +30,7 @@ from toolkit.schema import validate
 from extract.statements import TRUTHFULQA, StatementsError, limit_statements, load_statements
 from extract.store import (KIND_STATEMENT, StoreError, select_layers, store_path, torch_to_stored, STORED_DTYPES,
                            TORCH_STORED)
-from extract.store_writer import StoreWriter, build_store, check_compatible, estimate_bytes
+from extract.store_writer import TOKEN_ROW_BYTES, StoreWriter, build_store, check_compatible, estimate_bytes
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def plan(cfg: DictConfig, path: Path, table) -> Plan:
     inputs = render_inputs(spec, table, cfg.data.statement_column, cfg.prefix_cache)
     device = resolve_device(cfg.model.device).type
     result = Plan(path, len(table), inputs.n_tokens, inputs.n_rows, inputs.p, len(layers),
-                  layer_bytes=estimate_bytes(inputs.n_rows, 1, spec.hidden_size, cfg.dtype) - 9 * inputs.n_rows,
+                  layer_bytes=estimate_bytes(inputs.n_rows, 1, spec.hidden_size, cfg.dtype) - TOKEN_ROW_BYTES * inputs.n_rows,
                   total_bytes=estimate_bytes(inputs.n_rows, len(layers), spec.hidden_size, cfg.dtype, table),
                   total_without_prefix=estimate_bytes(inputs.n_tokens, len(layers), spec.hidden_size, cfg.dtype, table),
                   free_bytes=free_space(path.parent),

@@ -54,7 +54,6 @@ from toolkit.errors import ToolkitError, check_name
 
 SCHEMA_VERSION = 2          # written when a shared prefix is stored; schema 1 otherwise
 READABLE_SCHEMAS = (1, 2)
-TOOLKIT_VERSION = "0.1.0"
 KIND_SPECIAL, KIND_TEMPLATE, KIND_STATEMENT, KIND_CONTEXT = 0, 1, 2, 3
 STORED_DTYPES = {"float16": np.float16, "float32": np.float32, "bfloat16": np.uint16}
 TORCH_STORED = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}

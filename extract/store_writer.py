@@ -14,12 +14,14 @@ import numpy as np
 import pandas as pd
 
 from toolkit.disk import NoSpace, check_space, fsync_path, os_reason, reserve
-from extract.store import (SCHEMA_VERSION, STORED_DTYPES, TEXT_COLUMNS, TOOLKIT_VERSION, StoreError, open_store,
+from toolkit.provenance import toolkit_version
+from extract.store import (SCHEMA_VERSION, STORED_DTYPES, TEXT_COLUMNS, StoreError, open_store,
                            plain_value)
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
+TOKEN_ROW_BYTES = 9          # a token row's own arrays: its id (int64) and kind (int8)
 
 
 def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype: str,
@@ -27,7 +29,7 @@ def estimate_bytes(n_tokens: int, n_layers_stored: int, hidden_size: int, dtype:
     """Bytes the store will take on disk, for `n_tokens` token rows stored (a shared prefix counted
     once): its layers and token arrays, and with `table` its statements (HDF5's own bookkeeping, a
     few kB, excluded)."""
-    rows = n_tokens * (n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize + 9)
+    rows = n_tokens * (n_layers_stored * hidden_size * np.dtype(STORED_DTYPES[dtype]).itemsize + TOKEN_ROW_BYTES)
     if table is None:
         return rows
     text = table.rename(columns={"statement": "text"})
@@ -101,7 +103,7 @@ def create_store(path: Path, table: pd.DataFrame, token_ids: list[np.ndarray], t
     path.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w") as f:
         f.attrs.update({k: _attr(v) for k, v in attrs.items()})
-        f.attrs.update(schema_version=SCHEMA_VERSION if p else 1, toolkit_version=TOOLKIT_VERSION,
+        f.attrs.update(schema_version=SCHEMA_VERSION if p else 1, toolkit_version=toolkit_version() or "unknown",
                        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hidden_size=hidden_size,
                        dtype=dtype, layers=np.asarray(layers, dtype=np.int64),
                        n_statements=len(table), n_tokens=n_rows + p * len(table), n_done=0)

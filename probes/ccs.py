@@ -70,6 +70,8 @@ class CCSProbe(Probe):
         representation: "last" or "mean" statement vectors; tokens: "statement" or "all" (see LinearProbe).
         accelerator: device of the optimisation ("auto" -> cuda when available).
     """
+
+    width_buffer = "weight"
     supported_tasks = ("true_vs_false", "true_vs_all", "false_vs_all")   # see the module docstring
 
     def __init__(self, n_restarts: int = 10, epochs: int = 1000, lr: float = 1e-3, weight_decay: float = 0.01,

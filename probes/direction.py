@@ -14,6 +14,8 @@ class DirectionProbe(Probe):
     from the tensors `direction` float [d] and `threshold` float [] its _fit sets (raw, unstandardised
     coordinates)."""
 
+    width_buffer = "direction"
+
     def _readout_state(self) -> None:
         """In a subclass's __init__, once its options are set: check them and make the readout's empty buffers."""
         self._check_params()

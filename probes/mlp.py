@@ -8,7 +8,7 @@ the Trainer's per-step hooks cost about half as much as a mini-batch of this siz
 2.06 s); the arithmetic, batch order and random stream are those of one Trainer step per mini-batch.
 Inside the epoch the steps are plain torch (`loss.backward()`, the unwrapped optimizer): the trainer
 runs at 32-bit precision on one device (probes.trainer.make_trainer), where Lightning's backward and
-step wrappers add nothing but their calls (4 SmolLM2 fits 3.99 -> 3.64 s, the same weights).
+step wrappers add nothing but their calls (the same weights).
 
 Determinism: every random choice (held-out split, initial weights, batch order, dropout) comes from
 torch's global generator, which the caller seeds with `lightning.seed_everything`; with `seed` set,
@@ -151,8 +151,7 @@ class MLPProbe(Probe):
 
     def configure_optimizers(self):
         # foreach: one call a step for all parameters (on the CPU torch's default loops over them in Python); the
-        # same arithmetic bit for bit (a SmolLM2 layer job's five cells identical); 300 steps at hidden=256 on one
-        # thread 1.38 -> 1.07 s, in a whole mlp layer job (~10 % of it in AdamW) within this machine's noise
+        # same arithmetic bit for bit (a SmolLM2 layer job's five cells identical)
         return torch.optim.AdamW(self.net.parameters(), lr=float(self.lr), weight_decay=float(self.weight_decay),
                                  foreach=True)
 

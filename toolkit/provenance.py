@@ -31,7 +31,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 def provenance(config: dict | None = None) -> dict:
     """The provenance block of an output produced from the resolved `config` (a plain dict or None)."""
     commit, dirty = _git_state()
-    return {"git_commit": commit, "git_dirty": dirty, "toolkit_version": _version("truthprobe"),
+    return {"git_commit": commit, "git_dirty": dirty, "toolkit_version": toolkit_version(),
             "python": platform.python_version(), "packages": {p: _version(p) for p in PACKAGES},
             "command": _command(), "config_sha256": config_hash(config)}
 
@@ -102,6 +102,11 @@ def host() -> str:
     except (OSError, StopIteration):
         pass
     return f"{platform.system()} {platform.machine()}, {cpu or 'CPU'}, {os.cpu_count()} cores"
+
+
+def toolkit_version() -> str | None:
+    """This toolkit's version, from its installed package metadata (pyproject.toml's `version`)."""
+    return _version("truthprobe")
 
 
 @functools.cache

@@ -66,6 +66,13 @@ BENCHMARKS = [
      "(true_vs_all), samil with C by grouped CV (samil_C=null), in this process's threads.",
      ["-m", "experiments.bench.bench_layers", "model=smollm2", "data=city_locations", "store_dir={work}/activations",
       "samil_C=null"]),
+    ("peers", "Extraction against nnsight, TransformerLens and plain Hugging Face, at equal threads",
+     "2000 city_locations statements, every layer of SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to float32), "
+     "written to HDF5 by `python -m extract` and by what a user would write instead (nnsight's trace, "
+     "TransformerLens' run_with_cache, a plain output_hidden_states forward + h5py; in their own virtualenv, "
+     "`make peers`), the same token ids and batch budget for all, each tool a process timed whole at one thread "
+     "and at all cores. Goals: ours >= 2x faster than each, store bytes <= 0.45x.",
+     ["-m", "experiments.bench.bench_peers", "--peers-python", "{peers}", "--n", "2000"]),
     ("samil_wide", "sAwMIL at Llama-3.1-8B width (d = 4096), synthetic",
      "2929 planted bags (the city_locations training split's size): C by grouped CV of one head and one "
      "fit at d = 576, one fit at d = 4096, and from their ratio what a GPU-less user with an 8B model "
@@ -83,6 +90,7 @@ TARGET = re.compile(r"\((?:goal|target)\s*(<=|>=|<|>)\s*([-+]?[0-9.]+)")
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 MISSED = "  [MISSED]"
 SHOWN_WORK = "bench_work"      # the work folder as the page names it (in commands and printed lines)
+PEERS_PYTHON = ["peers_venv/bin/python"]   # --peers-python: the peers' virtualenv (make peers)
 
 
 def machine() -> str:
@@ -102,7 +110,7 @@ def run_one(args: list[str], work: Path) -> tuple[list[str], float, int]:
     """Run `python args` from the repository root: (printed lines without progress bars, the work folder
     named SHOWN_WORK and a benchmark's own temporary folders <tmp> in them, not as this machine's paths;
     seconds, exit code)."""
-    argv = [sys.executable, *(a.format(work=work) for a in args)]
+    argv = [sys.executable, *(a.format(work=work, peers=PEERS_PYTHON[0]) for a in args)]
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     lines = [line for chunk in (done.stdout + done.stderr).split("\n") for line in chunk.split("\r")]
@@ -137,7 +145,8 @@ def flagged(lines: list[str]) -> list[str]:
 def section(name: str, heading: str, what: str, args: list[str], lines: list[str], seconds: float | None, code: int,
             stamp: str) -> str:
     """One benchmark's section: what it measures, its command (with its minutes when timed here) and its lines."""
-    command = " ".join(["python", *args] if args[0] != "bash" else args).replace("{work}", SHOWN_WORK)
+    command = " ".join(["python", *args] if args[0] != "bash" else args).replace("{work}", SHOWN_WORK).replace(
+        "{peers}", "peers_venv/bin/python")
     status = "" if code == 0 else f" **It failed (exit code {code}); its last lines are below.**"
     body = lines if code == 0 else lines[-30:]
     return "\n".join([f"<!-- bench:{name} -->", f"## {heading}", "", what, "",
@@ -174,7 +183,9 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="*", choices=[b[0] for b in BENCHMARKS], help="rerun these, keep the others")
     ap.add_argument("--gpu-log", help="what gpu_check.sh printed on a CUDA machine: its section, the others kept")
     ap.add_argument("--rewrite", action="store_true", help="rewrite the page from its sections, running nothing")
+    ap.add_argument("--peers-python", default=PEERS_PYTHON[0], help="python of the peers' virtualenv (make peers)")
     args = ap.parse_args(argv)
+    PEERS_PYTHON[0] = args.peers_python
     work, out = Path(args.work).resolve(), Path(args.out)
     if args.rewrite:
         write_page(out, page(kept_sections(out), page_stamp(), machine(), "python -m experiments.bench.page --rewrite"))

@@ -12,6 +12,7 @@ from probes.samil.bags import gram
 from probes.samil.kernels import Rows
 
 IPM_FULL_N = 4096    # interior point on all examples up to this many
+MOST = 0.6           # a working set of more than this share of the examples: take them all
 STALL_ROUNDS = 6     # polish gives up after this many rounds without fewer KKT violations
 DROP_MASS = 30.0     # IPM preconditioner: rows of at most this much total D_i ||x_i||^2 left out
 
@@ -143,7 +144,7 @@ def normal_matrix(rows: Rows, D, sq_norms, kind: str):
     tail of total ``sum D_i ||x_i||^2 <= DROP_MASS`` left out (it moves the eigenvalues of
     ``M_Q^{-1} M`` into ``[1, 1 + DROP_MASS]``: ``M >= I``; the PCG's products, `Rows.normal_apply`,
     cost ~1/40 of the matrix, so a preconditioner from fewer rows pays: on SmolLM2 stage 1, 3-8 products
-    a solve instead of 2-3, one head's C by CV 18.3 -> 16.8 s).  ``"exact"``: all rows in float64.
+    a solve instead of 2-3).  ``"exact"``: all rows in float64.
     """
     X, X32 = rows.X, rows.X32
     n, d = X.shape
@@ -338,7 +339,7 @@ def working_set_size(n: int, d: int, band_n: int) -> int:
 def on_all_rows(n: int, d: int, band_n: int) -> bool:
     """Whether the interior point takes every example: few of them (``n <= IPM_FULL_N``), or a
     working set that would hold most of them (the smoothed partition is then no guide)."""
-    return n <= IPM_FULL_N or working_set_size(n, d, band_n) > 0.6 * n
+    return n <= IPM_FULL_N or working_set_size(n, d, band_n) > MOST * n
 
 
 WARM_BAND = 1.0      # warm start: examples with |u| below this join the interior point's first set
@@ -352,7 +353,7 @@ def feasible_set(ws, at_c, u, y, c):
     n = u.numel()
     order = torch.argsort(u.abs())
     k = int(ws.sum())
-    while k <= 0.6 * n:
+    while k <= MOST * n:
         g_b = float(torch.where(~ws & at_c, c * y, torch.zeros_like(c)).sum())
         cw = torch.where(ws, c, torch.zeros_like(c))
         c_pos, c_neg = float(cw[y > 0].sum()), float(cw[y < 0].sum())
@@ -371,7 +372,7 @@ def warm_working_set(u, y, c, d: int, band: float | None = None):
     band = WARM_BAND if band is None else band
     n = u.numel()
     k = max(min(n, 2 * (d + 1)), int((u.abs() < band).sum()))
-    if k > 0.6 * n:
+    if k > MOST * n:
         return torch.ones(n, dtype=torch.bool, device=u.device)
     ws = torch.zeros(n, dtype=torch.bool, device=u.device)
     ws[torch.argsort(u.abs())[:k]] = True

@@ -51,6 +51,7 @@ class SAwMILProbe(Probe):
 
     representation = "bags"
     representations = ("bags",)
+    width_buffer = "coef"
 
     def __init__(self, C: float | None = None, Cs=(10.0, 100.0, 1000.0), C_limits=(0.1, 1e5), cv_folds: int = 3,
                  eta: float | None = None, k: int = 2, c_scaling: str = "per_instance",
@@ -135,20 +136,18 @@ class SAwMILProbe(Probe):
         return model.fit_prepared(bags, warm_start=start), mean, std
 
     def _fit(self, train: Features, y: np.ndarray, folds: list | None = None) -> "SAwMILProbe":
-        self._fold_fits, self.held_out_scores_ = {}, None
-        cv_auroc = {} if self.C is not None else self._cross_validate(train, y, folds)
+        self.held_out_scores_ = None
+        cv_auroc, held_scores, last_fold = ({}, {}, {}) if self.C is not None else self._cross_validate(train, y, folds)
         C = self.C if self.C is not None else _best_C(cv_auroc) if cv_auroc else None
         if self.C is None and not cv_auroc:
             C = middle_of_grid(self.Cs)  # too few groups for folds
         elif cv_auroc and folds:
-            self.held_out_scores_ = self._held_scores[C]
-        self._held_scores = {}
+            self.held_out_scores_ = held_scores[C]
         t0 = time.perf_counter()
-        model, mean, std = self._fit_one(C, self._prepared(*self._training_bags(train, y)), warm=self._fold_fits.get(C))
+        model, mean, std = self._fit_one(C, self._prepared(*self._training_bags(train, y)), warm=last_fold.get(C))
         self.mean, self.std = mean.clone(), std.clone()     # (its own buffers: the scaling is shared with other heads)
         if cv_auroc:
             self._record(None, C, model, time.perf_counter() - t0)
-        self._fold_fits = {}
         self.coef, self.intercept = model.coef_.cpu(), torch.tensor(model.intercept_, dtype=torch.float64)
         options = {k: v for k, v in self._options.items() if isinstance(v, (int, float, str, type(None)))}
         train_scores = self._decision(train)
@@ -163,30 +162,30 @@ class SAwMILProbe(Probe):
                         "fit_seconds": model.fit_info_["seconds"]}
         return self
 
-    def _cross_validate(self, train: Features, y: np.ndarray, folds: list | None = None) -> dict[float, float]:
-        """Held-out bag AUROC of every C searched (`Cs`, then the decades `beyond_grid` adds) over grouped
-        folds (`folds`, or `cv_folds` of its own; {} when no folds are possible); the held-out scores of each
-        C in `_held_scores`, the last fold's fit at each C in `_fold_fits` (the final fit starts from it)."""
+    def _cross_validate(self, train: Features, y: np.ndarray, folds: list | None = None
+                        ) -> tuple[dict[float, float], dict[float, np.ndarray], dict]:
+        """(held-out bag AUROC of every C searched (`Cs`, then the decades `beyond_grid` adds) over grouped
+        folds (`folds`, or `cv_folds` of its own), the held-out scores [n] of each C, the last fold's fit at each C
+        (the final fit starts from it; {} without `warm_cv`)); all empty when no folds are possible."""
         folds = list(folds) if folds else kfold_splits(y, train.groups, self.cv_folds, self.seed)
-        self._held_scores = {}
         if not folds:
-            return {}
+            return {}, {}, {}
         held_all = np.concatenate([held for _, held in folds])
         self.cv_fits_ = []
         fold_fits = [{} for _ in folds]              # per fold: {C: (model, mean, std)}
+        held_scores: dict[float, np.ndarray] = {}
         grid = sorted(self.Cs)
-        self._fold_pass(train, y, folds, grid, fold_fits)
-        cv_auroc = {C: auroc(y[held_all], self._held_scores[C][held_all]) for C in grid}
+        self._fold_pass(train, y, folds, grid, fold_fits, held_scores)
+        cv_auroc = {C: auroc(y[held_all], held_scores[C][held_all]) for C in grid}
         while (beyond := beyond_grid(grid, _best_C(cv_auroc), self.C_limits)) is not None:
-            self._fold_pass(train, y, folds, [beyond], fold_fits)
+            self._fold_pass(train, y, folds, [beyond], fold_fits, held_scores)
             grid = sorted([*grid, beyond])
-            cv_auroc[beyond] = auroc(y[held_all], self._held_scores[beyond][held_all])
-        if self.warm_cv:
-            self._fold_fits = fold_fits[-1]
-        return cv_auroc
+            cv_auroc[beyond] = auroc(y[held_all], held_scores[beyond][held_all])
+        return cv_auroc, held_scores, fold_fits[-1] if self.warm_cv else {}
 
-    def _fold_pass(self, train: Features, y: np.ndarray, folds: list, Cs: list[float], fold_fits: list[dict]) -> None:
-        """Fit every fold at each C of `Cs` (in order), scoring its held-out bags into `_held_scores[C]`. With
+    def _fold_pass(self, train: Features, y: np.ndarray, folds: list, Cs: list[float], fold_fits: list[dict],
+                   held_scores: dict) -> None:
+        """Fit every fold at each C of `Cs` (in order), scoring its held-out bags into `held_scores[C]` [n]. With
         `warm_cv`, a fit starts from the same fold's fit at the largest smaller C already fitted, else from the
         previous fold's fit at the same C (half of its rows are shared), else from zero. Never from a larger C:
         at a small C the weights are small and a start from a larger C's stops, within the duality-gap
@@ -203,7 +202,7 @@ class SAwMILProbe(Probe):
                 t0 = time.perf_counter()
                 fit = self._fit_one(C, split, warm=prev if self.warm_cv else None)
                 self._record(f, C, fit[0], time.perf_counter() - t0)
-                self._held_scores.setdefault(C, np.full(len(y), np.nan))[held_idx] = \
+                held_scores.setdefault(C, np.full(len(y), np.nan))[held_idx] = \
                     fit[0].decision_function(held_tokens, held.offsets.numpy())
                 own[C] = fit
 

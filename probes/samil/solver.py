@@ -99,8 +99,8 @@ def fit_linear_svm(X, y, c, rho=None, *, tol: float = 1e-6, max_iter: int = 300,
        ``alpha = 0`` or ``c``; a polish on all examples from its partition returns the
        exact vertex solution, and when it does not settle the examples held on the wrong
        side join the set for another round.  With ``n <= exact.IPM_FULL_N`` (a cold start) it runs
-       first, on every example, before any smoothing level (whose optimum would only be its start:
-       250 planted bags' stage 1, 1.16 -> 0.95 s); else after the first level when
+       first, on every example, before any smoothing level (whose optimum would only be its start);
+       else after the first level when
        the first level's band (times 3) holds more than 60 % of
        the examples (the smoothed partition is then no guide), else after the second -- then on the
        examples within ``exact.COLD_BAND`` of the smoothed margin, its rounds ending as soon as
