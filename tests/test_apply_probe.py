@@ -242,16 +242,17 @@ def test_transfer_matrix(dirs, tmp_path):
     out = write_transfer(*args, store_dir=root / "s")
     table = pd.read_csv(out / "transfer.csv")
     assert len(table) == 2 * 2 * 2 and set(table["task"]) == {"true_vs_false", "multiclass"}
+    assert not any(Path(p).is_absolute() for p in table["path"])     # relative to results_dir: no machine's folder
     for r in table.itertuples():
-        cell = read_cell(Path(r.path))
+        cell = read_cell(results / r.path)
         assert r.mcc == pytest.approx(cell["metrics"]["mcc"]) and r.wmcc == pytest.approx(cell["metrics"]["wmcc"])
         assert ("->" in r.path) == (r.train != r.eval)
         assert cell["layer"] == r.layer and cell["config"]["data"]["name"] == r.eval
-    stamps = {p: Path(p).stat().st_mtime_ns for p in table["path"]}
+    stamps = {p: (results / p).stat().st_mtime_ns for p in table["path"]}
     pages = [tmp_path / "page1", tmp_path / "page2"]
     for page_dir in pages:   # the report's call: tabulates existing cells, computes nothing; and the results page
         write_transfer(*args, page_dir=page_dir)
-    assert all(Path(p).stat().st_mtime_ns == t for p, t in stamps.items())
+    assert all((results / p).stat().st_mtime_ns == t for p, t in stamps.items())
     assert (out / "transfer.md").read_text().startswith("### mean_diff, multiclass")
     for task in ("true_vs_false", "multiclass"):
         assert (out / f"transfer_{task}.png").stat().st_size > 0
@@ -283,7 +284,7 @@ def test_transfer_matrix_shows_auroc_and_single_label_cells(dirs, tmp_path):
     table = pd.read_csv(out / "transfer.csv", keep_default_na=False, na_values=[""])
     assert len(table) == 4
     for r in table.itertuples():
-        cell = read_cell(Path(r.path))
+        cell = read_cell(results / r.path)
         test, m = cell["test"], cell["metrics"]
         y, scores = np.array(test["y"]), np.array(test["scores"])
         draws = [raw_auroc(y[i], scores[i]) for i in
@@ -291,7 +292,7 @@ def test_transfer_matrix_shows_auroc_and_single_label_cells(dirs, tmp_path):
         assert r.auroc == pytest.approx(m["auroc"])
         assert [r.auroc_lo, r.auroc_hi] == pytest.approx(np.percentile(draws, [2.5, 97.5]).tolist())
         assert r.single_label == m["single_label_accepted"]
-        probe_cell = read_cell(Path(table[(table["train"] == r.train) & (table["eval"] == r.train)]["path"].iloc[0]))
+        probe_cell = read_cell(results / table[(table["train"] == r.train) & (table["eval"] == r.train)]["path"].iloc[0])
         assert (r.flag if isinstance(r.flag, str) else "") == cell_flag(probe_cell)
     one_label = table.assign(single_label=[True, False, False, False], mcc=[0.0, *table["mcc"][1:]])
     md = _markdown(one_label, ["cities_a", "cities_b"])
