@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from experiments.compare import ESTIMANDS
-from experiments.tables import ALPHA, markdown_table, p_text
+from experiments.tables import ALPHA, p_text
+from toolkit.markdown import markdown_table
 
 C_METRICS = {"mcc": "MCC accepted rows", "wmcc": "W-MCC", "mcc_all": "MCC no abstention",
              "auroc": "AUROC"}   # claim (c)'s estimands

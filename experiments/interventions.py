@@ -30,7 +30,8 @@ from omegaconf import DictConfig
 from toolkit.provenance import host, page_command, page_stamp
 from experiments import plots
 from experiments.steps import run_step
-from experiments.tables import best_layers, layer_table, load_cells, markdown_table, publish
+from experiments.tables import best_layers, layer_table, load_cells, publish
+from toolkit.markdown import markdown_table
 from toolkit.config import CONF_DIR
 from toolkit.entry import entry_main
 from toolkit.errors import ToolkitError, check_count, check_name, check_writable

@@ -34,6 +34,7 @@ from experiments.ncb_robust import stress_inputs, write_robust
 from experiments.plots import pyplot
 from experiments.tables import ALPHA, p_text, with_holm, yes_no
 from toolkit.errors import check_name
+from toolkit.markdown import markdown_table
 
 log = logging.getLogger(__name__)
 QUANTITY = ("peer", "peer_truth")  # interferences whose level is a count k
@@ -160,17 +161,17 @@ def internal_vs_behaviour(results_dir, model: str, datapack: str, n_boot: int = 
 def _versus_markdown(table: pd.DataFrame) -> str:
     lines = [f"Paired cluster bootstrap over subject entities; p: two-sided bootstrap p of probe - zero-shot, raw / "
              f"Holm-adjusted over every row of this table; significant = Holm p < {ALPHA}.", "",
-             "| probe | zero-shot | interference | level | n (entities) | probe accuracy | zero-shot accuracy | "
-             "probe - zero-shot | p / Holm | significant | P(y) shift: probe / zero-shot |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in table.iterrows():
-        lines.append(f"| {r['probe']} | {r['zero_shot']} | {r['interference']} | {r['level']} | {r['n']} "
-                     f"({r['n_entities']}) | {r['probe_accuracy']:.3f} [{r['probe_lo']:.3f}, {r['probe_hi']:.3f}] | "
-                     f"{r['zero_shot_accuracy']:.3f} [{r['zero_shot_lo']:.3f}, {r['zero_shot_hi']:.3f}] | "
-                     f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}] | "
-                     f"{p_text(r, 'difference')} | {yes_no(r['difference_significant_holm'])} | "
-                     f"{r['probe_p_y_shift']:+.3f} / {r['zero_shot_p_y_shift']:+.3f} |")
-    return "\n".join(lines) + "\n"
+             markdown_table(["probe", "zero-shot", "interference", "level", "n (entities)", "probe accuracy",
+                             "zero-shot accuracy", "probe - zero-shot", "p / Holm", "significant",
+                             "P(y) shift: probe / zero-shot"],
+                            [[r["probe"], r["zero_shot"], r["interference"], r["level"], f"{r['n']} ({r['n_entities']})",
+                              f"{r['probe_accuracy']:.3f} [{r['probe_lo']:.3f}, {r['probe_hi']:.3f}]",
+                              f"{r['zero_shot_accuracy']:.3f} [{r['zero_shot_lo']:.3f}, {r['zero_shot_hi']:.3f}]",
+                              f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}]",
+                              p_text(r, "difference"), yes_no(r["difference_significant_holm"]),
+                              f"{r['probe_p_y_shift']:+.3f} / {r['zero_shot_p_y_shift']:+.3f}"]
+                             for _, r in table.iterrows()])]
+    return "\n".join(lines)
 
 
 def _markdown(table: pd.DataFrame) -> str:
@@ -186,15 +187,15 @@ def _markdown(table: pd.DataFrame) -> str:
     lines = [f"Cluster-bootstrap 95 % intervals over subject entities, each on its own; gap p: two-sided bootstrap p "
              f"raw / Holm-adjusted over all the method's gaps (every interference, level and fraction), \"-\" where "
              f"stress.json records none; significant = Holm p < {ALPHA}.", "",
-             "| method | interference | level | top / bottom | high: n | high: accuracy | high: drop | low: n | "
-             "low: accuracy | low: drop | gap high - low | gap p / Holm | significant |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in table.iterrows():
-        gap = num(r["gap"], "{:+.3f}") + ("" if pd.isna(r["gap_lo"]) else f" [{r['gap_lo']:+.3f}, {r['gap_hi']:+.3f}]")
-        lines.append(f"| {r['method']} | {r['interference']} | {r['level']} | {r['fraction']:.0%} | {r['high_n']} | "
-                     f"{acc(r, 'high')} | {num(r['high_drop'])} | {r['low_n']} | {acc(r, 'low')} | "
-                     f"{num(r['low_drop'])} | {gap} | {p_text(r, 'gap')} | {yes_no(r['gap_significant_holm'])} |")
-    return "\n".join(lines) + "\n"
+             markdown_table(["method", "interference", "level", "top / bottom", "high: n", "high: accuracy",
+                             "high: drop", "low: n", "low: accuracy", "low: drop", "gap high - low", "gap p / Holm",
+                             "significant"],
+                            [[r["method"], r["interference"], r["level"], f"{r['fraction']:.0%}", r["high_n"],
+                              acc(r, "high"), num(r["high_drop"]), r["low_n"], acc(r, "low"), num(r["low_drop"]),
+                              num(r["gap"], "{:+.3f}") + ("" if pd.isna(r["gap_lo"])
+                                                          else f" [{r['gap_lo']:+.3f}, {r['gap_hi']:+.3f}]"),
+                              p_text(r, "gap"), yes_no(r["gap_significant_holm"])] for _, r in table.iterrows()])]
+    return "\n".join(lines)
 
 
 def plot_stress(table: pd.DataFrame, fraction: float, path: Path, title: str) -> None:

@@ -34,6 +34,7 @@ from evaluation.metrics import as_probs, auroc, mcc
 from evaluation.selective import paired_bootstrap
 from experiments.tables import ALPHA, p_text, with_holm, yes_no
 from toolkit.errors import check_name
+from toolkit.markdown import markdown_table
 from probes.schema import AUGMENTS
 
 log = logging.getLogger(__name__)
@@ -186,24 +187,22 @@ def robust_markdown(table: pd.DataFrame) -> str:
              f"is more robust; relative = drop a / drop b - 1. Paired cluster bootstrap over subject entities (the "
              f"same draws for a row's numbers); p: two-sided bootstrap p of a - b, raw / Holm-adjusted over every "
              f"row of this table (one family); significant = Holm p < {ALPHA}.", "",
-             "| a | b | interference | level | n (targets, entities) | drop a | drop b | a - b | relative | p / Holm | "
-             "significant | P(y) shift a / b |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in table.iterrows():
-        lines.append(f"| {r['a']} | {r['b']} | {r['interference']} | {r['level']} | {r['n']} ({r['n_targets']}, "
-                     f"{r['n_entities']}) | {interval(r, 'drop_a', '{:.3f}')} | {interval(r, 'drop_b', '{:.3f}')} | "
-                     f"{interval(r, 'difference')} | {interval(r, 'relative')} | {p_text(r, 'difference')} | "
-                     f"{yes_no(r['difference_significant_holm'])} | {r['shift_a']:+.3f} / {r['shift_b']:+.3f} |")
-    return "\n".join(lines) + "\n"
+             markdown_table(["a", "b", "interference", "level", "n (targets, entities)", "drop a", "drop b", "a - b",
+                             "relative", "p / Holm", "significant", "P(y) shift a / b"],
+                            [[r["a"], r["b"], r["interference"], r["level"], f"{r['n']} ({r['n_targets']}, {r['n_entities']})",
+                              interval(r, "drop_a", "{:.3f}"), interval(r, "drop_b", "{:.3f}"), interval(r, "difference"),
+                              interval(r, "relative"), p_text(r, "difference"), yes_no(r["difference_significant_holm"]),
+                              f"{r['shift_a']:+.3f} / {r['shift_b']:+.3f}"] for _, r in table.iterrows()])]
+    return "\n".join(lines)
 
 
 def clean_markdown(table: pd.DataFrame) -> str:
     lines = [f"Clean test metrics of each pair's cells; a - b with a paired cluster-bootstrap 95 % interval; p raw / "
              f"Holm-adjusted within each estimand's family (every pair); significant = Holm p < {ALPHA}. "
              + "; ".join(f"{k}: {v}" for k, v in CLEAN.items()) + ".", "",
-             "| a | b | estimand | n | a | b | a - b | p / Holm | significant |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for _, r in table.iterrows():
-        lines.append(f"| {r['a']} | {r['b']} | {r['estimand']} | {r['n']} | {r['value_a']:.3f} | {r['value_b']:.3f} | "
-                     f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}] | "
-                     f"{p_text(r, 'difference')} | {yes_no(r['difference_significant_holm'])} |")
-    return "\n".join(lines) + "\n"
+             markdown_table(["a", "b", "estimand", "n", "a", "b", "a - b", "p / Holm", "significant"],
+                            [[r["a"], r["b"], r["estimand"], r["n"], f"{r['value_a']:.3f}", f"{r['value_b']:.3f}",
+                              f"{r['difference']:+.3f} [{r['difference_lo']:+.3f}, {r['difference_hi']:+.3f}]",
+                              p_text(r, "difference"), yes_no(r["difference_significant_holm"])]
+                             for _, r in table.iterrows()])]
+    return "\n".join(lines)

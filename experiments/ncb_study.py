@@ -46,6 +46,7 @@ from experiments.tables import ALPHA, best_layers, holm_resolution_warning, publ
 from toolkit.config import CONF_DIR
 from toolkit.entry import entry_main
 from toolkit.errors import ToolkitError, check_count, check_writable
+from toolkit.markdown import markdown_table
 from toolkit.schema import typed_options
 from extract.store import store_path
 
@@ -151,25 +152,19 @@ def page(table: pd.DataFrame, o: dict, stamp: str, robust_tables: dict | None = 
              "control) of each group's drop; gaps significant: Holm-significant gaps of the method at this "
              "fraction / gaps tested; one-neighbour: the share of test targets whose NCB rests on one other "
              "statement.", "",
-             "| model | datapack | probe | layer | cal. MCC | stress targets | group pool | one-neighbour | "
-             "mean drop high | mean drop low | gaps significant |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    keys = ["model", "datapack", "probe"]
-    for (model, datapack, probe), g in at.groupby(keys, sort=False):
-        r = g.iloc[0]
-        misleading = g[[(i, lv) != CONTROL for i, lv in zip(g["interference"], g["level"])]]
-        lines.append(f"| {r['model_label']} | {datapack} | {probe} | {r['layer']} of {r['n_stored_layers']} | "
-                     f"{r['cal_mcc']:.3f} | {r['stress_targets']} | {r['group_pool']} | {r['one_neighbour']:.2f} | "
-                     f"{misleading['high_drop'].mean():.3f} | {misleading['low_drop'].mean():.3f} | "
-                     f"{int(g['gap_significant_holm'].fillna(False).sum())} / {int(g['gap_p_raw'].notna().sum())} |")
+             markdown_table(["model", "datapack", "probe", "layer", "cal. MCC", "stress targets", "group pool",
+                             "one-neighbour", "mean drop high", "mean drop low", "gaps significant"],
+                            [_summary_row(datapack, probe, g)
+                             for (_, datapack, probe), g in at.groupby(["model", "datapack", "probe"], sort=False)]
+                            ).rstrip("\n")]
     for (model, datapack), g in at.groupby(["model", "datapack"], sort=False):
         probes = list(dict.fromkeys(g["probe"]))
         lines += ["", f"## {g['model_label'].iloc[0]}, {datapack}", "",
-                  "| interference | level | " + " | ".join(f"{p} (layer {g[g['probe'] == p]['layer'].iloc[0]}): "
-                                                            "high / low / gap" for p in probes) + " |",
-                  "|---|---|" + "---|" * len(probes)]
-        for (interference, level), rows in g.groupby(["interference", "level"], sort=False):
-            lines.append(f"| {interference} | {level} | " + " | ".join(_cell(rows[rows["probe"] == p]) for p in probes)
-                         + " |")
+                  markdown_table(["interference", "level", *(f"{p} (layer {g[g['probe'] == p]['layer'].iloc[0]}): "
+                                                             "high / low / gap" for p in probes)],
+                                 [[interference, level, *(_cell(rows[rows["probe"] == p]) for p in probes)]
+                                  for (interference, level), rows in g.groupby(["interference", "level"], sort=False)]
+                                 ).rstrip("\n")]
         robust, clean = robust_tables.get((model, datapack), (pd.DataFrame(), pd.DataFrame()))
         if not robust.empty:
             lines += ["", "Context-robust training (`train_probe augment=structure_aware | neutral`, the probe "
@@ -178,6 +173,16 @@ def page(table: pd.DataFrame, o: dict, stamp: str, robust_tables: dict | None = 
             if not clean.empty:
                 lines += ["", clean_markdown(clean).rstrip("\n")]
     return "\n".join(lines) + "\n"
+
+
+def _summary_row(datapack: str, probe: str, g: pd.DataFrame) -> list:
+    """The summary table's row of one (model, datapack, probe): its rows `g` of every interference and level."""
+    r = g.iloc[0]
+    misleading = g[[(i, lv) != CONTROL for i, lv in zip(g["interference"], g["level"])]]
+    return [r["model_label"], datapack, probe, f"{r['layer']} of {r['n_stored_layers']}", f"{r['cal_mcc']:.3f}",
+            r["stress_targets"], r["group_pool"], f"{r['one_neighbour']:.2f}", f"{misleading['high_drop'].mean():.3f}",
+            f"{misleading['low_drop'].mean():.3f}",
+            f"{int(g['gap_significant_holm'].fillna(False).sum())} / {int(g['gap_p_raw'].notna().sum())}"]
 
 
 def _cell(rows: pd.DataFrame) -> str:

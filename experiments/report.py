@@ -52,6 +52,7 @@ from experiments.truthfulqa_report import write_truthfulqa
 from extract.statements import TRILEMMA, TRUTHFULQA
 from toolkit.entry import entry_main
 from toolkit.errors import check_writable
+from toolkit.markdown import markdown_table
 from toolkit.schema import typed_options
 
 log = logging.getLogger(__name__)
@@ -126,13 +127,11 @@ def _markdown(table: pd.DataFrame) -> str:
         lo, hi = r.get(f"{k}_lo"), r.get(f"{k}_hi")
         return f"{r[k]:.3f}" if lo is None or pd.isna(lo) else f"{r[k]:.3f} [{lo:.3f}, {hi:.3f}]"
 
-    lines = ["| probe | task | split | layer | MCC | W-MCC | acceptance | cal. MCC | seeds | flag |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in table.iterrows():
-        layer = "none" if pd.isna(r["layer"]) else int(r["layer"])
-        cal = "" if pd.isna(r["cal_mcc"]) else f"{r['cal_mcc']:.3f}"
-        lines.append(f"| {r['probe']} | {r['task']} | {r['split']} | {layer} | {fmt(r, 'mcc')} | {fmt(r, 'wmcc')} | "
-                     f"{r['acceptance']:.3f} | {cal} | {r['n_seeds']} | {r['flag'] or ''} |")
+    rows = [[r["probe"], r["task"], r["split"], "none" if pd.isna(r["layer"]) else int(r["layer"]), fmt(r, "mcc"),
+             fmt(r, "wmcc"), f"{r['acceptance']:.3f}", "" if pd.isna(r["cal_mcc"]) else f"{r['cal_mcc']:.3f}",
+             r["n_seeds"], r["flag"] or ""] for _, r in table.iterrows()]
+    lines = [markdown_table(["probe", "task", "split", "layer", "MCC", "W-MCC", "acceptance", "cal. MCC", "seeds",
+                             "flag"], rows).rstrip("\n")]
     lines += ["", f"MCC: {ESTIMANDS['mcc']}; W-MCC: {ESTIMANDS['wmcc']}; cal. MCC: MCC without abstention "
               "(argmax, all rows) on the calibration split; flag: why a cell's numbers are not a fitted probe's."]
     return "\n".join(lines) + "\n"
@@ -156,14 +155,14 @@ def _versus_markdown(versus: pd.DataFrame) -> str:
              f"bootstrap test's decision: two-sided p < {ALPHA} after Holm over this table's comparisons of the same "
              f"estimand. McNemar's exact test, on the rows the estimand compares, is a separate test with its own "
              f"Holm-adjusted decision.", "",
-             "| task | split | best | runner-up | estimand | difference [95 % CI] | p | p (Holm) | significant | "
-             "McNemar: rows, p, p (Holm) | McNemar significant |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in versus.iterrows():
-        lines.append(f"| {r['task']} | {r['split']} | {r['best']} | {r['runner_up']} | {r['estimand']} | "
-                     f"{r['delta']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] | {r['delta_p_raw']:.3g} | "
-                     f"{r['delta_p_holm']:.3g} | {yes_no(r['delta_significant_holm'])} | {r['mcnemar_rows']}, "
-                     f"{r['mcnemar_p_raw']:.3g}, {r['mcnemar_p_holm']:.3g} | {yes_no(r['mcnemar_significant_holm'])} |")
-    return "\n".join(lines) + "\n"
+             markdown_table(["task", "split", "best", "runner-up", "estimand", "difference [95 % CI]", "p", "p (Holm)",
+                             "significant", "McNemar: rows, p, p (Holm)", "McNemar significant"],
+                            [[r["task"], r["split"], r["best"], r["runner_up"], r["estimand"],
+                              f"{r['delta']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}]", f"{r['delta_p_raw']:.3g}",
+                              f"{r['delta_p_holm']:.3g}", yes_no(r["delta_significant_holm"]),
+                              f"{r['mcnemar_rows']}, {r['mcnemar_p_raw']:.3g}, {r['mcnemar_p_holm']:.3g}",
+                              yes_no(r["mcnemar_significant_holm"])] for _, r in versus.iterrows()])]
+    return "\n".join(lines)
 
 
 _HINTS = {"cross_model": "a list of models, e.g. cross_model=[smollm2,gemma3-270m], or null"}

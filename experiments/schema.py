@@ -73,29 +73,33 @@ class CrossModelSchema:
 
 
 @dataclass
-class NCBStudySchema:
-    """`python -m experiments.ncb_study`'s options (conf/ncb_study.yaml)."""
+class StudyOptions:
+    """The options every study (experiments.ncb_study, experiments.claims_study) has: what it runs over, its
+    sweeps' split and workers, the stores it extracts."""
     models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
     datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
+    split: SplitChoice = field(default_factory=SplitChoice)
+    split_seed: int = option(0, "the split seed of the sweeps")
+    workers: int = option(2, "sweep worker processes (one thread each)")
+    store_dir: str = option("activations", "the stores: <store_dir>/<model>/<datapack>.h5 (extracted when missing)")
+    run: bool = option(True, "run the missing steps (false: only write the page from the outputs already there)")
+
+
+@dataclass
+class NCBStudySchema(StudyOptions):
+    """`python -m experiments.ncb_study`'s options (conf/ncb_study.yaml)."""
     probes: list[str] = option(["linear", "mean_diff", "mlp"], "the probes swept and stress-tested, each at its best "
                                "calibration layer")
     task: str = option("true_vs_all", "the probes' task (evaluation/tasks.py names)")
-    split: SplitChoice = field(default_factory=SplitChoice)
-    split_seed: int = option(0, "the split seed of the sweeps")
     fraction: float = option(0.2, "the page's high / low group fraction (one of ncb's fractions; ncb.csv has all)")
-    workers: int = option(2, "sweep worker processes (one thread each)")
     n_boot: int = option(1000, "bootstrap resamples of the sweeps' and the NCB intervals")
-    run: bool = option(True, "run the missing steps (false: only write the page from existing outputs)")
-    store_dir: str = option("activations", "the stores: <store_dir>/<model>/<datapack>.h5 (extracted when missing)")
     results_dir: str = option("results", "cells and NCB outputs: <results_dir>/<model>/<datapack>/...")
     out_dir: str = option("docs/results/ncb", "the page: <out_dir>/index.md and ncb.csv (whole or not at all)")
 
 
 @dataclass
-class ClaimsStudySchema:
+class ClaimsStudySchema(StudyOptions):
     """`python -m experiments.claims_study`'s options (conf/claims_study.yaml)."""
-    models: list[str] = option(["smollm2", "gemma3-270m"], "the models (conf/model/ names)")
-    datapacks: list[str] = option(list(TRILEMMA), "the datapacks of each model (conf/data/ names)")
     probes: list[str] = option(["samil", "linear", "mlp", "mean_diff", "random_direction"],
                                "the probes and probe-like controls swept at every stored layer")
     best_layer_probes: list[str] = option(["ttpd", "spca", "ccs", "samil_reference"], "probes fitted only at the "
@@ -113,14 +117,9 @@ class ClaimsStudySchema:
     limit: Optional[int] = option(None, "extract N statements of each datapack (label-stratified, whole subjects) for a "
                                   "quick look; null: all")
     permutations: int = option(3, "shuffled-label refits of each probe at its best layer per task (0: none)")
-    split: SplitChoice = field(default_factory=SplitChoice)
-    split_seed: int = option(0, "the split seed of the sweeps")
-    workers: int = option(2, "sweep worker processes (one thread each)")
     n_boot: int = option(1000, "bootstrap resamples of the cells' intervals")
     page_n_boot: int = option(5000, "bootstrap resamples of the page's paired differences and p (Holm over a family "
                               "of m needs > 40 m)")
-    run: bool = option(True, "run the missing steps (false: only write the page from existing cells)")
-    store_dir: str = option("activations", "the stores: <store_dir>/<model>/<datapack>.h5 (extracted when missing)")
     results_dir: str = option("results", "the cells: <results_dir>/<model>/<datapack>/...")
     reports_dir: str = option("reports", "also <reports_dir>/cross_model/")
     out_dir: str = option("docs/results/claims", "the page: <out_dir>/claims.md, claims.csv and the figures")

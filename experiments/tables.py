@@ -24,6 +24,7 @@ from toolkit.disk import remove_stale_temps
 from evaluation.selective import holm
 from toolkit.disk import fsync_path
 from toolkit.errors import ToolkitError, check_name
+from toolkit.markdown import markdown_table
 
 log = logging.getLogger(__name__)
 METRICS = ("mcc", "wmcc", "acceptance", "aurc", "ece")
@@ -272,12 +273,6 @@ def results_table(paths: list[Path]) -> str:
               r.flag or ""] for r in best.sort_values(["probe", "task", "split"]).itertuples()]
     return markdown_table(["probe", "task", "split", "layers", "best layer", "cal. MCC", "test MCC [95 %]", "W-MCC",
                            "acceptance", "flag"], lines)
-
-
-def markdown_table(header: list[str], lines: list[list]) -> str:
-    """A Markdown table of `lines` under `header` (values as str)."""
-    rows = [header, ["---"] * len(header), *lines]
-    return "\n".join("| " + " | ".join(str(x) for x in row) + " |" for row in rows) + "\n"
 
 
 def best_layers(table: pd.DataFrame) -> pd.DataFrame:

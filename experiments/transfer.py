@@ -40,6 +40,7 @@ from experiments.plots import LABELS, save, subplots, words
 from experiments.tables import (best_layers, cell_flag, layer_table, load_cells,
                                 publish, report_cell)
 from toolkit.errors import check_name, check_writable
+from toolkit.markdown import markdown_table
 from toolkit.entry import entry_main
 from toolkit.schema import typed_options
 from extract.statements import TRILEMMA
@@ -138,6 +139,12 @@ def write_transfer(results_dir, reports_dir, model: str, datapacks=TRILEMMA, tas
     return out
 
 
+def _entries(rows: pd.DataFrame, datapacks: list[str]) -> list[str]:
+    """One trained-on row's entries, a column per evaluation datapack ("" where it has no cell)."""
+    by_eval = {e: x for e, x in zip(rows["eval"], rows.itertuples())}
+    return [_entry(x) if (x := by_eval.get(e)) else "" for e in datapacks]
+
+
 def _markdown(table: pd.DataFrame, datapacks: list[str]) -> str:
     lines = []
     for (task, probe), g in table.groupby(["task", "probe"]):
@@ -146,12 +153,9 @@ def _markdown(table: pd.DataFrame, datapacks: list[str]) -> str:
                   "label\": the conformal sets accept one label only, so MCC is 0 by construction (abstention, not "
                   "absence of signal: read the AUROC); rows: trained on (its best calibration layer; flag: why the "
                   "probe's numbers are not a fitted probe's), columns: evaluated on", "",
-                  "| trained on | layer | flag | " + " | ".join(datapacks) + " |", "|---|---|---|" + "---|" * len(datapacks)]
-        for train, r in g.groupby("train", sort=False):
-            by_eval = {e: x for e, x in zip(r["eval"], r.itertuples())}
-            cells = [_entry(x) if (x := by_eval.get(e)) else "" for e in datapacks]
-            lines.append(f"| {train} | {r['layer'].iloc[0]} | {r['flag'].iloc[0]} | " + " | ".join(cells) + " |")
-        lines.append("")
+                  markdown_table(["trained on", "layer", "flag", *datapacks],
+                                 [[train, r["layer"].iloc[0], r["flag"].iloc[0], *_entries(r, datapacks)]
+                                  for train, r in g.groupby("train", sort=False)])]
     return "\n".join(lines)
 
 

@@ -44,6 +44,7 @@ from toolkit.provenance import host, shown_command
 from experiments.plots import legend_below, pyplot
 from experiments.tables import best_layers, layer_table, load_cells
 from toolkit.errors import check_name
+from toolkit.markdown import markdown_table
 from extract.statements import TRUTHFULQA
 from evaluation.multiple_choice import mc1_credit, mc2_verify, mc_scores
 
@@ -159,15 +160,15 @@ def _num(x, signed: bool = False) -> str:
 
 def _markdown(table: pd.DataFrame, likelihood: dict | None, verify: dict | None = None) -> str:
     ci, num = _ci, _num
-    lines = [("| probe | task | split | layer | seed | cal. MCC | test MCC | AUROC | probe MC1 | MC1 ties | probe MC2 | "
-              "probe MC2_verify | questions | likelihood MC1 / MC2 (same questions) | verification MC1 / MC2_verify "
-              "(same questions) |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, r in table.sort_values(["probe", "task", "split", "layer", "seed"]).iterrows():
-        lines.append(f"| {r['probe']} | {r['task']} | {r['split']} | {r['layer']} | {r['seed']} | {num(r['cal_mcc'])} | "
-                     f"{num(r['mcc'])} | {num(r['auroc'])} | {ci(r, 'probe_mc1')} | {r['probe_mc1_ties']} | "
-                     f"{ci(r, 'probe_mc2')} | {ci(r, 'probe_mc2_verify', True)} | {r['n_questions']} | "
-                     f"{num(r['likelihood_mc1_same'])} / {num(r['likelihood_mc2_same'])} | "
-                     f"{num(r['verify_mc1_same'])} / {num(r['verify_mc2_same'], True)} |")
+    lines = [markdown_table(
+        ["probe", "task", "split", "layer", "seed", "cal. MCC", "test MCC", "AUROC", "probe MC1", "MC1 ties", "probe MC2",
+         "probe MC2_verify", "questions", "likelihood MC1 / MC2 (same questions)",
+         "verification MC1 / MC2_verify (same questions)"],
+        [[r["probe"], r["task"], r["split"], r["layer"], r["seed"], num(r["cal_mcc"]), num(r["mcc"]), num(r["auroc"]),
+          ci(r, "probe_mc1"), r["probe_mc1_ties"], ci(r, "probe_mc2"), ci(r, "probe_mc2_verify", True), r["n_questions"],
+          f"{num(r['likelihood_mc1_same'])} / {num(r['likelihood_mc2_same'])}",
+          f"{num(r['verify_mc1_same'])} / {num(r['verify_mc2_same'], True)}"]
+         for _, r in table.sort_values(["probe", "task", "split", "layer", "seed"]).iterrows()]).rstrip("\n")]
     lines.append("\nprobe MC1: a best answer sharing the top probability with k - 1 other answers scores 1 / k "
                  "(expected accuracy under random tie-breaking); MC1 ties = test questions so decided.")
     if likelihood:
@@ -256,35 +257,36 @@ def _fmt_ci(value, ci, signed=False, scale=1.0, digits=3) -> str:
 
 def _knows_vs_says(results_dir: Path, model: str, results: dict) -> list[str]:
     likelihood, verify = results.get(LIKELIHOOD), next((results[n] for n in VERIFY if n in results), None)
-    lines = ["## Knows vs says", "",
-             "| source | questions | MC1 | MC2 | MC2_verify |", "|---|---|---|---|---|"]
+    rows, notes = [], []
     if likelihood:
-        lines.append(f"| likelihood ({likelihood['format']}) | {likelihood['n_questions']} | "
-                     f"{_fmt_ci(likelihood['mc1'], likelihood['mc1_ci'])} | "
-                     f"{_fmt_ci(likelihood['mc2'], likelihood['mc2_ci'])} | |")
+        rows.append([f"likelihood ({likelihood['format']})", likelihood["n_questions"],
+                     _fmt_ci(likelihood["mc1"], likelihood["mc1_ci"]), _fmt_ci(likelihood["mc2"], likelihood["mc2_ci"]), ""])
     if verify:
-        lines.append(f"| verification ({verify['format']}) | {verify['n_questions']} | "
-                     f"{_fmt_ci(verify['mc1_verify'], verify['mc1_verify_ci'])} | | "
-                     f"{_fmt_ci(verify['mc2_verify'], verify['mc2_verify_ci'], True)} |")
+        rows.append([f"verification ({verify['format']})", verify["n_questions"],
+                     _fmt_ci(verify["mc1_verify"], verify["mc1_verify_ci"]), "",
+                     _fmt_ci(verify["mc2_verify"], verify["mc2_verify_ci"], True)])
     if not likelihood and not verify:
-        lines += ["", f"No full-run {LIKELIHOOD} or {' / '.join(VERIFY)} yet (runs with limit= are listed below)."]
+        notes += ["", f"No full-run {LIKELIHOOD} or {' / '.join(VERIFY)} yet (runs with limit= are listed below)."]
     try:
         table = probe_mc_table(results_dir, model, likelihood, verify)
         chosen = table.merge(chosen_layers(results_dir, model), on=KEYS)
     except CellError as err:
-        lines += ["", f"No probe row: {err}"]
-        return lines + [""]
-    for _, r in chosen.sort_values(["probe", "task", "split", "seed"]).iterrows():
-        lines.append(f"| probe {r['probe']} ({r['task']}, layer {r['layer']} chosen on calibration MCC, seed "
-                     f"{r['seed']}; test questions) | {r['n_questions']} | {_ci(r, 'probe_mc1')} | {_ci(r, 'probe_mc2')} | "
-                     f"{_ci(r, 'probe_mc2_verify', True) or 'not in this cell (rerun train_probe)'} |")
-        lines.append(f"| likelihood / verification on the same {r['n_questions']} questions | {r['n_questions']} | "
-                     f"{_num(r['likelihood_mc1_same'])} / {_num(r['verify_mc1_same'])} | {_num(r['likelihood_mc2_same'])} "
-                     f"| {_num(r['verify_mc2_same'], True)} |")
-    lines += ["", "Probe MC1 and verification MC1 credit a best answer tied at the top with k - 1 others 1 / k; "
-              "likelihood MC1 keeps the harness's argmax. MC2_verify = mean P(true) of the correct answers - "
-              "mean of the incorrect ones (> 0: true answers rated higher). Intervals: 95 % bootstrap over questions.", ""]
-    return lines
+        notes += ["", f"No probe row: {err}", ""]
+    else:
+        for _, r in chosen.sort_values(["probe", "task", "split", "seed"]).iterrows():
+            n = r["n_questions"]
+            rows += [[f"probe {r['probe']} ({r['task']}, layer {r['layer']} chosen on calibration MCC, seed {r['seed']}; "
+                      "test questions)", n, _ci(r, "probe_mc1"), _ci(r, "probe_mc2"),
+                      _ci(r, "probe_mc2_verify", True) or "not in this cell (rerun train_probe)"],
+                     [f"likelihood / verification on the same {n} questions", n,
+                      f"{_num(r['likelihood_mc1_same'])} / {_num(r['verify_mc1_same'])}", _num(r["likelihood_mc2_same"]),
+                      _num(r["verify_mc2_same"], True)]]
+        notes += ["", "Probe MC1 and verification MC1 credit a best answer tied at the top with k - 1 others 1 / k; "
+                  "likelihood MC1 keeps the harness's argmax. MC2_verify = mean P(true) of the correct answers - "
+                  "mean of the incorrect ones (> 0: true answers rated higher). Intervals: 95 % bootstrap over questions.",
+                  ""]
+    return ["## Knows vs says", "",
+            markdown_table(["source", "questions", "MC1", "MC2", "MC2_verify"], rows).rstrip("\n"), *notes]
 
 
 def transfer_table(results_dir: Path, model: str, likelihood: dict | None) -> pd.DataFrame:
@@ -319,12 +321,12 @@ def _transfer(results_dir: Path, model: str, likelihood: dict | None) -> list[st
              "Every transfer cell found: a probe trained on a Trilemma datapack, at its cell's layer, scored on every "
              "answer of every question (`python -m apply_probe probe=<cell> data=truthfulqa`; which cells were "
              "applied is the command's choice, see the commands on the page that links here).", "",
-             "| trained on | probe (task, layer) | MCC (accepted rows) | AUROC | probe MC1 | MC1 ties | questions | "
-             "likelihood MC1 (same questions) |", "|---|---|---|---|---|---|---|---|"]
-    for _, r in table.sort_values(["train", "probe", "task", "layer"]).iterrows():
-        lines.append(f"| {r['train']} | {r['probe']} ({r['task']}, {r['layer']}) | {_ci(r, 'mcc')} | {_num(r['auroc'])} | "
-                     f"{_ci(r, 'probe_mc1')} | {r['probe_mc1_ties']} | {r['n_questions']} | "
-                     f"{_num(r['likelihood_mc1_same'])} |")
+             markdown_table(["trained on", "probe (task, layer)", "MCC (accepted rows)", "AUROC", "probe MC1", "MC1 ties",
+                             "questions", "likelihood MC1 (same questions)"],
+                            [[r["train"], f"{r['probe']} ({r['task']}, {r['layer']})", _ci(r, "mcc"), _num(r["auroc"]),
+                              _ci(r, "probe_mc1"), r["probe_mc1_ties"], r["n_questions"], _num(r["likelihood_mc1_same"])]
+                             for _, r in table.sort_values(["train", "probe", "task", "layer"]).iterrows()]
+                            ).rstrip("\n")]
     return lines + ["", "Probe MC1 credits a best answer tied at the top with k - 1 others 1 / k. Intervals: 95 % "
                     "bootstrap (MCC as the cell records it; MC1 over questions).", ""]
 
@@ -355,10 +357,10 @@ def _generate_section(r: dict) -> list[str]:
              + ", ".join(f"{k} {v}" for k, v in stops.items()) + ".", "",
              f"Judge: {j['label']} (`judge={j['name']}`, {j['format']} prompt), P(yes) > 0.5; {j['prompts']} judge "
              f"prompts, {j['scored_now']} scored in the run that wrote the file, the rest read from the judge cache.", "",
-             "| | % of the generated answers |", "|---|---|"]
-    for name, title in (("truthful", "truthful"), ("informative", "informative"),
-                        ("truthful_informative", "truthful and informative")):
-        lines.append(f"| {title} | {_fmt_ci(r[f'pct_{name}'], r[f'pct_{name}_ci'], digits=1)} |")
+             markdown_table(["", "% of the generated answers"],
+                            [[title, _fmt_ci(r[f"pct_{name}"], r[f"pct_{name}_ci"], digits=1)]
+                             for name, title in (("truthful", "truthful"), ("informative", "informative"),
+                                                 ("truthful_informative", "truthful and informative"))]).rstrip("\n")]
     lines += ["", f"**Judge vs the dataset's labels** ({a['n']} of the dataset's own answers of these questions judged "
               f"as if generated, truthful = P(yes) > 0.5): accuracy {a['accuracy']:.3f}, Cohen's kappa {kappa}, "
               f"AUROC of P(yes) {_num(a.get('auroc'))} "
@@ -369,11 +371,10 @@ def _generate_section(r: dict) -> list[str]:
                   "generator's blind spots and tend to favour its own answers, so read the percentages above "
                   "through the agreement line, not as a measurement of truthfulness.", ""]
     lines += ["First answers (question, answer, P(truthful), P(informative)):", "",
-              "| row | question | answer | P(truthful) | P(informative) |", "|---|---|---|---|---|"]
-    for q in r["questions"][:8]:
-        cells = [str(q["row"]), q["question"], q["answer"] or "(empty)"]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells)
-                     + f" | {q['p_truthful']:.3f} | {q['p_informative']:.3f} |")
+              markdown_table(["row", "question", "answer", "P(truthful)", "P(informative)"],
+                             [[*(c.replace("|", "\\|") for c in (str(q["row"]), q["question"], q["answer"] or "(empty)")),
+                               f"{q['p_truthful']:.3f}", f"{q['p_informative']:.3f}"] for q in r["questions"][:8]]
+                             ).rstrip("\n")]
     lines += ["", "Judge prompt (truthful; the answer in place of `{answer}`):", "", "```text", j["example_prompt"],
               "```", ""]
     return lines

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Callable, NamedTuple
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from toolkit.errors import ToolkitError
@@ -126,6 +127,20 @@ def score(loaded, seqs: list[np.ndarray], reduce, batch_size: int, *, longest_fi
             if on_batch is not None:
                 on_batch(b)
     return Scored(results, done, size, p)
+
+
+def last_ids_logprobs(forward: PaddedForward, seqs: list[np.ndarray], counts: list[int]) -> list[torch.Tensor]:
+    """float32 [c_i] per sequence: the log-probability of each of sequence i's last counts[i] ids given the ids
+    before it, from one forward of every seq[:-1] after `forward`'s shared prefix (which holds no scored id).
+    The shared step of the reductions that read a continuation's probabilities (a `score` reduce calls it)."""
+    p = forward.prefix_len
+    logits = forward.forward([x[p:-1] for x in seqs])             # logits[j] predicts token p + j + 1
+    out = []
+    for row, (x, c) in enumerate(zip(seqs, counts)):
+        end = len(x) - 1 - p
+        logp = torch.log_softmax(logits[row, end - c: end].float(), dim=-1)
+        out.append(logp.gather(1, torch.from_numpy(x[-c:]).to(logp.device)[:, None])[:, 0])
+    return out
 
 
 def _signature(checkpoint: Checkpoint, loaded, seqs, keep, longest_first: bool, prefix_len: int) -> dict:

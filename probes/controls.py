@@ -29,7 +29,7 @@ import torch
 from evaluation.cells import CellError
 
 from toolkit.disk import atomic_write
-from extract.scorer import Checkpoint, partial_path, score
+from extract.scorer import Checkpoint, last_ids_logprobs, partial_path, score
 from probes.features import Features
 
 FEATURES = ("activations", "text", "surprisal")
@@ -67,13 +67,9 @@ class SurprisalScorer:
 
     @torch.inference_mode()
     def __call__(self, forward, seqs: list[np.ndarray], index: np.ndarray) -> np.ndarray:
-        p = forward.prefix_len
-        logits = forward.forward([x[p:-1] for x in seqs])             # logits[j] predicts token p + j + 1
         out = np.empty((len(seqs), 2), dtype=np.float64)
-        for row, (x, c) in enumerate(zip(seqs, self.n_statement[index].tolist())):
-            end = len(x) - 1 - p
-            logp = torch.log_softmax(logits[row, end - c: end].float(), dim=-1)
-            nll = -logp.gather(1, torch.from_numpy(x[-c:]).to(logp.device)[:, None])[:, 0].double()
+        for row, logp in enumerate(last_ids_logprobs(forward, seqs, self.n_statement[index].tolist())):
+            nll = -logp.double()
             out[row] = (float(nll.mean()), float(nll.max()))
         return out
 

@@ -8,7 +8,9 @@ the sha256 of the float weights, so the last bit of a weight renames it; the wei
 cell's scores), and the sha256 of a cell's score files (a zero-shot cell's `scores_source`: the scores are
 fingerprinted as floats in their own .npy). Floats are compared through three fixed
 random projections, within 1e-6 of their scale (1e-4 for tables and pixels), so the last bits of a
-reduction on another machine do not count; any real change does.
+reduction on another machine do not count; any real change does. The probe applied to statements the tiny model
+reads on the fly (results/tiny/apply/text.*) keeps its float32 activations unrounded, so another CPU's matrix
+kernels move its scores by ~5e-6 of their scale (seen between an Intel and an AMD EPYC machine): 1e-4 there.
 A deliberate change of results rewrites the fingerprints:
     TRUTHPROBE_WRITE_GOLDEN=1 python -m pytest tests/test_same_cells.py
 and the diff of tests/golden/small_sweep.json shows which files changed.
@@ -76,10 +78,14 @@ def fingerprint(path: Path, root: Path) -> dict:
             "floats": (w @ v).tolist(), "scale": float(np.abs(w[0]) @ np.abs(v))}
 
 
-def same(recorded: dict, found: dict, suffix: str) -> bool:
-    """Equal exact parts and float projections within RTOL of the floats' scale."""
+ON_THE_FLY = "results/tiny/apply/text."   # scores of a float32 forward, not of a stored (rounded) activation
+
+
+def same(recorded: dict, found: dict, name: str) -> bool:
+    """Equal exact parts and float projections within RTOL of the floats' scale (the file `name`'s)."""
+    rtol = 1e-4 if name.startswith(ON_THE_FLY) else RTOL[Path(name).suffix]
     return (recorded["exact"] == found["exact"] and recorded["n"] == found["n"] and
-            np.allclose(recorded["floats"], found["floats"], rtol=0, atol=RTOL[suffix] * max(found["scale"], 1e-12)))
+            np.allclose(recorded["floats"], found["floats"], rtol=0, atol=rtol * max(found["scale"], 1e-12)))
 
 
 @contextmanager
@@ -130,7 +136,7 @@ def test_small_sweep_gives_the_recorded_results(tmp_path):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
     recorded = json.loads(GOLDEN.read_text())
-    changed = sorted(k for k in recorded.keys() & found.keys() if not same(recorded[k], found[k], Path(k).suffix))
+    changed = sorted(k for k in recorded.keys() & found.keys() if not same(recorded[k], found[k], k))
     assert not changed, f"{len(changed)} result(s) changed: {changed[:10]}"
     assert found.keys() == recorded.keys(), (f"missing: {sorted(recorded.keys() - found.keys())[:10]}, "
                                              f"new: {sorted(found.keys() - recorded.keys())[:10]}")

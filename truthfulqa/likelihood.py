@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from extract.scorer import last_ids_logprobs
 from extract.truthfulqa_pack import TruthfulQAError
 
 PRIMER = (
@@ -104,12 +105,5 @@ class LoglikScorer:
 
     @torch.inference_mode()
     def __call__(self, forward, seqs: list[np.ndarray], index: np.ndarray) -> np.ndarray:
-        p = forward.prefix_len
-        logits = forward.forward([x[p:-1] for x in seqs])            # model inputs after the prefix
-        out = np.empty(len(seqs), dtype=np.float64)
-        for row, (x, c) in enumerate(zip(seqs, self.n_cont[index].tolist())):
-            end = len(x) - 1 - p                                      # logits[j] predicts token p + j + 1
-            logp = torch.log_softmax(logits[row, end - c: end].float(), dim=-1)
-            target = torch.from_numpy(x[-c:]).to(logp.device)
-            out[row] = float(logp.gather(1, target[:, None]).sum())
-        return out
+        logp = last_ids_logprobs(forward, seqs, self.n_cont[index].tolist())
+        return np.array([float(lp.sum()) for lp in logp], dtype=np.float64)

@@ -94,16 +94,25 @@ def run(cfg: DictConfig, on_batch=None) -> Path:
     return run_likelihood(cfg, on_batch)
 
 
+def _start(cfg: DictConfig):
+    """What a scoring mode starts from: (its questions, its result's path, the loaded model, the start time)."""
+    return select_questions(cfg), result_path(cfg), load_model(cfg.model), time.perf_counter()
+
+
+def _finish(cfg: DictConfig, final: Path, result: dict, summary: str) -> Path:
+    """Write a mode's `result` to `final` with its config, drop its checkpoint, print `summary` and the path."""
+    write_record(final, result, OmegaConf.to_container(cfg, resolve=True), indent=1)
+    partial_path(final).unlink(missing_ok=True)
+    print(f"{summary}  -> {final}")
+    return final
+
+
 def run_likelihood(cfg: DictConfig, on_batch=None) -> Path:
     """mode=likelihood: per-choice log-likelihoods -> MC1 / MC2 (module docstring)."""
     fmt = cfg.format
-    questions = select_questions(cfg)
-    final = result_path(cfg)
-    loaded = load_model(cfg.model)
-    started = time.perf_counter()
+    questions, final, loaded, started = _start(cfg)
     seqs, n_cont, mc1_idx, mc2_idx = build_requests(loaded.tokenizer, fmt, questions, loaded.system_prompt)
-    partial = partial_path(final)
-    checkpoint = Checkpoint(partial, {"format": fmt}, cfg.save_every, atomic_write)
+    checkpoint = Checkpoint(partial_path(final), {"format": fmt}, cfg.save_every, atomic_write)
     scored = score(loaded, seqs, LoglikScorer(n_cont), cfg.batch_size, longest_first=True,
                    prefix_cache=cfg.prefix_cache, checkpoint=checkpoint, desc=f"truthfulqa {fmt}", on_batch=on_batch)
     logliks = scored.results
@@ -120,12 +129,9 @@ def run_likelihood(cfg: DictConfig, on_batch=None) -> Path:
         "questions": [{"row": q.row, "mc1_logliks": a, "mc2_logliks": b, "mc2_labels": y}
                       for q, a, b, y in zip(questions, mc1_ll, mc2_ll, labels)],
     }
-    write_record(final, result, OmegaConf.to_container(cfg, resolve=True), indent=1)
-    partial.unlink(missing_ok=True)
-    print(f"TruthfulQA {fmt} ({cfg.model.name}, {len(questions)} questions): "
-          f"MC1 {result['mc1']:.4f} [{result['mc1_ci'][0]:.4f}, {result['mc1_ci'][1]:.4f}]  "
-          f"MC2 {result['mc2']:.4f} [{result['mc2_ci'][0]:.4f}, {result['mc2_ci'][1]:.4f}]  -> {final}")
-    return final
+    return _finish(cfg, final, result, f"TruthfulQA {fmt} ({cfg.model.name}, {len(questions)} questions): "
+                   f"MC1 {result['mc1']:.4f} [{result['mc1_ci'][0]:.4f}, {result['mc1_ci'][1]:.4f}]  "
+                   f"MC2 {result['mc2']:.4f} [{result['mc2_ci'][0]:.4f}, {result['mc2_ci'][1]:.4f}]")
 
 
 def distinct_prompts(tokenizer, fmt: str, questions: list[Question], system_prompt=None):
@@ -160,10 +166,7 @@ def score_yes_no(loaded, seqs: list[np.ndarray], ids: dict, cfg: DictConfig, fin
 def run_verify(cfg: DictConfig, on_batch=None) -> Path:
     """mode=verify: P(yes) of every (question, answer) -> MC1_verify / MC2_verify (module docstring)."""
     fmt = cfg.format
-    questions = select_questions(cfg)
-    final = result_path(cfg)
-    loaded = load_model(cfg.model)
-    started = time.perf_counter()
+    questions, final, loaded, started = _start(cfg)
     ids = yes_no_ids(loaded.tokenizer)
     seqs, mc1_idx, mc2_idx = distinct_prompts(loaded.tokenizer, fmt, questions, loaded.system_prompt)
     p, scored = score_yes_no(loaded, seqs, ids, cfg, final, {"mode": "verify", "format": fmt}, f"verify {fmt}",
@@ -186,10 +189,7 @@ def run_verify(cfg: DictConfig, on_batch=None) -> Path:
         "questions": [{"row": q.row, "p_yes": a.tolist(), "mc2_labels": y, "mc1_p_yes": p[i].tolist()}
                       for q, a, y, i in zip(questions, mc2_p, labels, mc1_idx)],
     }
-    write_record(final, result, OmegaConf.to_container(cfg, resolve=True), indent=1)
-    partial_path(final).unlink(missing_ok=True)
-    print(f"TruthfulQA verify {fmt} ({loaded.label}, {len(questions)} questions): "
-          f"MC1 {result['mc1_verify']:.4f} [{result['mc1_verify_ci'][0]:.4f}, {result['mc1_verify_ci'][1]:.4f}]  "
-          f"MC2_verify {result['mc2_verify']:+.4f} [{result['mc2_verify_ci'][0]:+.4f}, "
-          f"{result['mc2_verify_ci'][1]:+.4f}]  -> {final}")
-    return final
+    return _finish(cfg, final, result, f"TruthfulQA verify {fmt} ({loaded.label}, {len(questions)} questions): "
+                   f"MC1 {result['mc1_verify']:.4f} [{result['mc1_verify_ci'][0]:.4f}, {result['mc1_verify_ci'][1]:.4f}]  "
+                   f"MC2_verify {result['mc2_verify']:+.4f} [{result['mc2_verify_ci'][0]:+.4f}, "
+                   f"{result['mc2_verify_ci'][1]:+.4f}]")

@@ -19,6 +19,7 @@ import torch
 
 from toolkit.config import compose_config, layer_sweep_probes
 from probes.pipeline import train_probes
+from toolkit.markdown import markdown_table
 
 
 def main(argv: list[str]) -> None:
@@ -27,7 +28,7 @@ def main(argv: list[str]) -> None:
     overrides = [f"{k}={v}" for k, v in options.items()]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
-    print("| probe | layers | total | per layer | fitting share |\n|---|---|---|---|---|")
+    rows = []
     with tempfile.TemporaryDirectory() as results:
         for probe in layer_sweep_probes():
             extra = [f"probe.C={samil_C}"] if probe == "samil" else []
@@ -37,8 +38,10 @@ def main(argv: list[str]) -> None:
             paths = train_probes(cfg)
             total = time.perf_counter() - started
             fitting = sum(json.loads(p.read_text())["fit_seconds"] for p in paths)
-            print(f"| {probe}{' C=' + samil_C if extra else ''} | {len(paths)} | {total:.0f} s | "
-                  f"{total / len(paths):.1f} s | {fitting / total:.0%} |", flush=True)
+            rows.append([f"{probe}{' C=' + samil_C if extra else ''}", len(paths), f"{total:.0f} s",
+                         f"{total / len(paths):.1f} s", f"{fitting / total:.0%}"])
+            print(f"{probe}: {total:.0f} s", file=sys.stderr, flush=True)
+    print(markdown_table(["probe", "layers", "total", "per layer", "fitting share"], rows), end="")
 
 
 if __name__ == "__main__":

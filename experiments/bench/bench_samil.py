@@ -203,8 +203,7 @@ def big_fit(n_bags: int = 5000, dim: int = 576, seed: int = 1, device=None, n_te
     Xte, ote, yte = split_bags(X, off, y, np.arange(n_bags, n_bags + n_test))
     del X
     out = fit_and_measure(Xtr, otr, ytr, device=device, num_threads=num_threads)
-    m = out["model"]
-    info = m.fit_info_
+    m, info = out["model"], out["model"].fit_info_
     print(f"[{n_bags} bags, {out['n_tokens']} tokens, dim {dim}, float32 input "
           f"{Xtr.nbytes / 2**20:.0f} MiB; {m.get_params()}]")
     print(f"  fit wall {out['seconds']:.1f} s, cpu {out['cpu_seconds']:.1f} s "
@@ -236,8 +235,7 @@ def real_fit(store_path: str, layer: int, C: float, device=None, cv: bool = True
     train, y_train, test, y_test = load_real(store_path, layer)
     mean, std = standardiser(train.X)
     out = fit_and_measure((train.X - mean) / std, train.offsets, y_train, C=C, device=device)
-    m = out["model"]
-    info = m.fit_info_
+    m, info = out["model"], out["model"].fit_info_
     print(f"[{store_path} layer {layer}: {out['n_bags']} training bags, {out['n_tokens']} tokens "
           f"({info['n_distinct']} distinct), C={C}]")
     print(f"  one fit {out['seconds']:.2f} s (target <= 1 s; stage 1 {info['stage1']['seconds']:.2f} s, "

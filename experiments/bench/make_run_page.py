@@ -25,6 +25,7 @@ from pathlib import Path
 from toolkit.disk import atomic_write
 from toolkit.provenance import host, page_stamp
 from experiments.sweep import longest_first, replay
+from toolkit.markdown import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "reports" / "smollm2" / "city_locations"
@@ -82,27 +83,25 @@ def jobs(lines: list[tuple[float, str]]) -> list[tuple[str, int, float]]:
 
 
 def job_table(lines: list[tuple[float, str]]) -> list[str]:
-    """Markdown rows: per probe, its layer jobs' count, median and largest seconds and their sum."""
+    """The lines of a Markdown table: per probe, its layer jobs' count, median and largest seconds and their sum."""
     per = {}
     for probe, _, seconds in jobs(lines):
         per.setdefault(probe, []).append(seconds)
-    rows = ["| probe | layer jobs | median | largest | sum (worker-minutes) |", "|---|---|---|---|---|"]
-    for probe, secs in sorted(per.items(), key=lambda kv: -sum(kv[1])):
-        rows.append(f"| {probe} | {len(secs)} | {statistics.median(secs):.0f} s | {max(secs):.0f} s | "
-                    f"{sum(secs) / 60:.1f} |")
-    return rows
+    return markdown_table(["probe", "layer jobs", "median", "largest", "sum (worker-minutes)"],
+                          [[probe, len(secs), f"{statistics.median(secs):.0f} s", f"{max(secs):.0f} s",
+                            f"{sum(secs) / 60:.1f}"] for probe, secs in sorted(per.items(), key=lambda kv: -sum(kv[1]))]
+                          ).splitlines()
 
 
 def replay_table(lines: list[tuple[float, str]]) -> list[str]:
-    """Markdown rows: the sweep's measured job times replayed on 1, 2, 4, ... workers by the sweep's own rule
+    """The lines of a Markdown table: the sweep's measured job times replayed on 1, 2, 4, ... workers by the sweep's own rule
     (`experiments.sweep.replay`, queue order `longest_first`), and `make run` with its other steps as measured."""
     queue = [seconds for _, _, seconds in longest_first(sorted(jobs(lines), key=lambda j: j[1]))]
     other = sum(sec for _, sec in steps(lines)) - sweep_seconds(lines)
-    rows = ["| workers | sweep | `make run` |", "|---|---|---|"]
-    for k in REPLAY_WORKERS:
-        sweep = replay(queue, k)
-        rows.append(f"| {k} | {sweep / 60:.1f} min | {(sweep + other) / 60:.1f} min |")
-    return rows
+    sweeps = [(k, replay(queue, k)) for k in REPLAY_WORKERS]
+    return markdown_table(["workers", "sweep", "`make run`"],
+                          [[k, f"{sweep / 60:.1f} min", f"{(sweep + other) / 60:.1f} min"] for k, sweep in sweeps]
+                          ).splitlines()
 
 
 def workers(lines: list[tuple[float, str]]) -> str:
@@ -125,7 +124,8 @@ def run_stamp(lines: list[tuple[float, str]]) -> str:
 
 def page(stamp: str, lines: list[tuple[float, str]]) -> str:
     total = lines[-1][0]
-    step_rows = ["| step | wall |", "|---|---|"] + [f"| `{cmd[:160]}` | {sec / 60:.1f} min |" for cmd, sec in steps(lines)]
+    step_table = markdown_table(["step", "wall"], [[f"`{cmd[:160]}`", f"{sec / 60:.1f} min"]
+                                                   for cmd, sec in steps(lines)]).rstrip("\n")
     best = (REPORT / "best.md").read_text()
     return "\n".join([
         "# `make run`: SmolLM2-135M-Instruct on city_locations", "",
@@ -139,7 +139,7 @@ def page(stamp: str, lines: list[tuple[float, str]]) -> str:
         "`python -m experiments.sweep` runs the jobs on `RUN_WORKERS` one-thread workers (default: the "
         f"machine's cores; here {workers(lines)}) from one queue, longest first, so the sweep's wall time is "
         "about its worker-minutes over the workers; the layers are the store's, so another model needs no edit.", "",
-        f"**Wall time: {total / 60:.1f} min** on this machine, by step:", "", *step_rows, "",
+        f"**Wall time: {total / 60:.1f} min** on this machine, by step:", "", step_table, "",
         "The probe jobs (each: one probe at one layer, five tasks, C by CV where the probe has one):", "",
         *job_table(lines), "",
         "The same jobs replayed (not run) on more workers: each worker takes the next job of the sweep's "

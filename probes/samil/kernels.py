@@ -16,45 +16,46 @@ import torch
 from numba import njit
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _dot(x, v):  # pragma: no cover (compiled)
+    """``x . v`` accumulated in float64 (a row ``x [d]`` of float32 or float64)."""
+    s = 0.0
+    for j in range(x.shape[0]):
+        s += x[j] * v[j]
+    return s
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _add_scaled(a, x, out):  # pragma: no cover (compiled)
+    """``out += a x``."""
+    for j in range(x.shape[0]):
+        out[j] += a * x[j]
+
+
 @njit(cache=True, fastmath=True)
 def _normal_apply(X, D, v, vd, out, xv):  # pragma: no cover (compiled)
     """``xv = X v``; ``out[:d] += X^T t``, ``out[d] += sum t`` with ``t = D (X v + vd)``; one pass over X."""
-    n, d = X.shape
     tot = 0.0
-    for i in range(n):
-        xi = X[i]
-        s = 0.0
-        for j in range(d):
-            s += xi[j] * v[j]
-        xv[i] = s
-        ti = D[i] * (s + vd)
+    for i in range(X.shape[0]):
+        xv[i] = _dot(X[i], v)
+        ti = D[i] * (xv[i] + vd)
         tot += ti
-        for j in range(d):
-            out[j] += ti * xi[j]
-    out[d] += tot
+        _add_scaled(ti, X[i], out)
+    out[X.shape[1]] += tot
 
 
 @njit(cache=True, fastmath=True)
 def _matvec(X, v, out):  # pragma: no cover (compiled)
     """``out = X v``."""
-    n, d = X.shape
-    for i in range(n):
-        xi = X[i]
-        s = 0.0
-        for j in range(d):
-            s += xi[j] * v[j]
-        out[i] = s
+    for i in range(X.shape[0]):
+        out[i] = _dot(X[i], v)
 
 
 @njit(cache=True, fastmath=True)
 def _rmatvec(X, t, out):  # pragma: no cover (compiled)
     """``out += X^T t``."""
-    n, d = X.shape
-    for i in range(n):
-        xi = X[i]
-        ti = t[i]
-        for j in range(d):
-            out[j] += ti * xi[j]
+    for i in range(X.shape[0]):
+        _add_scaled(t[i], X[i], out)
 
 
 @njit(cache=True)
