@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from apply_probe import apply_to_store, transfer_path
+from probes.apply import apply_to_store, transfer_path
 from evaluation.cell_metrics import cell_auroc_interval
 from evaluation.cells import CellError
 from toolkit.provenance import host, page_command, page_stamp

@@ -35,6 +35,8 @@ APPLY_HINTS = {"overwrite": "true or false", "batch_tokens": "a whole number >= 
                "csv": "a CSV file's path", "name": "a file name (letters, digits, ._+=,-)",
                "device": "auto, cpu, cuda or mps", "view": "html or null", "row": "a whole number >= 0",
                "tracker": "mlflow, tensorboard or null"}
+# apply_probe's command line: these values are taken as written (toolkit.entry.quoted), and probe= means cell=
+APPLY_QUOTED, APPLY_RENAMED = ("cell", "csv", "text"), {"probe": "cell"}
 
 
 def tracker_option():

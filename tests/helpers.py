@@ -60,7 +60,7 @@ def run_cfg(dirs: Path, *overrides: str):
 
 def compose_apply(*args: str):
     """The config `python -m apply_probe args` runs with (probe= / text= / csv= quoted as the CLI does)."""
-    from apply_probe import hydra_arguments
+    from probes.apply import hydra_arguments
 
     return compose_config("apply_probe", *hydra_arguments(list(args)))
 

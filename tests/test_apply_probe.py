@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apply_probe import apply, apply_to_statements, apply_to_store, csv_statements
+from probes.apply import apply, apply_to_statements, apply_to_store, csv_statements
 from evaluation.cells import read_cell, write_cell
 from evaluation.splits import entity_groups, make_split
 from evaluation.tasks import task_targets

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from apply_probe import apply, apply_to_store
+from probes.apply import apply, apply_to_store
 from evaluation.cells import CellError, read_cell
 from evaluation.splits import entity_groups, make_split
 from toolkit.errors import ToolkitError

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from apply_probe import apply_to_statements, apply_to_store
+from probes.apply import apply_to_statements, apply_to_store
 from evaluation.cells import read_cell
 from toolkit.provenance import PACKAGES, config_hash
 from toolkit.config import compose_config

@@ -100,7 +100,7 @@ def torch_threads(n: int):
 
 def small_sweep(root: Path) -> dict[str, str]:
     """Run the sweep under `root`; {path relative to root: fingerprint} of every result it wrote."""
-    from apply_probe import apply_to_statements, apply_to_store
+    from probes.apply import apply_to_statements, apply_to_store
     from experiments.report import write_report
     from probes.pipeline import train_probes
     from zero_shot.run import run as run_zero_shot

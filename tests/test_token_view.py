@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from apply_probe import apply
+from probes.apply import apply
 from toolkit.config import compose_config
 from toolkit.errors import ToolkitError
 from extract.store import ActivationStore

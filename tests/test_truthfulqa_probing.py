@@ -263,7 +263,7 @@ def test_the_report_refuses_cells_of_the_old_tie_rule(tqa_cells, tmp_path):
 
 
 def test_trilemma_probes_scored_on_truthfulqa_are_on_the_behaviour_page(tqa_dirs, tmp_path):
-    from apply_probe import apply_to_store
+    from probes.apply import apply_to_store
     from experiments.truthfulqa_report import behaviour_page
 
     store_dir, results_dir = tqa_dirs / "activations", tmp_path / "results"
