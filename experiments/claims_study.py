@@ -1,9 +1,11 @@
 """`python -m experiments.claims_study`: the paper's claims with their controls, as one resumable command, and
 the results page docs/results/claims/ they make.
 
-Each step, for every (model, datapack) before the next step, runs one of the toolkit's entry points in a child process
-(experiments.steps) and is skipped where its outputs exist, so a killed study resumes by rerunning the command
-(each job writes its own cells; finished ones are kept and reused bit for bit):
+Each step runs one of the toolkit's entry points in a child process (experiments.steps) and is skipped where its
+outputs exist, so a killed study resumes by rerunning the command (each job writes its own cells; finished ones are
+kept and reused bit for bit; a killed study's children end with it). Steps 1-2 run for every (model, datapack) in
+turn; then the jobs of steps 3-5 of every (model, datapack), which read only the sweeps' cells, run on `workers`
+processes at once (one thread each), the costliest first:
 
 1. store    `python -m extract model=<m> data=<d>` (every layer; `limit=N`: a stratified subset, for a quick look)
             unless the store is complete;
@@ -11,9 +13,9 @@ Each step, for every (model, datapack) before the next step, runs one of the too
             the random-direction control (probes.random_direction), C grids that bracket their optimum;
 3. controls `python -m train_probe probe=linear features=<text|surprisal>` (probes.controls: the statement's
             TF-IDF, no model; the model's surprisal of the statement), every task;
-4. nulls    `python -m train_probe -m probe=<p> shuffle_labels=true layer=<best> seed=0,..,<permutations - 1>`: each
-            of `null_probes` refitted on permuted training labels at its best calibration layer of each task
-            (experiments.tables.best_layers), one process per (probe, layer);
+4. nulls    `python -m train_probe probe=<p> shuffle_labels=true layer=<best> seed=<s>` for s = 0..<permutations - 1>:
+            each of `null_probes` refitted on permuted training labels at its best calibration layer of each task
+            (experiments.tables.best_layers), one process per (probe, layer, seed);
 5. at best  `python -m train_probe probe=<p> layer=<l>` for each of `best_layer_probes` (the reference's
             baselines ttpd, spca, ccs, then samil_reference: ~2 worker-minutes per task and layer, a day at every
             layer of the six stores) at the layers where the probes of `best_layer_of` peak on a task (their best
@@ -38,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.tasks import TASKS
 from experiments.cross_model import write_cross_model
-from experiments.steps import run_step, store_complete
+from experiments.steps import run_step, run_steps, store_complete
 from experiments.tables import best_layers, layer_table, load_cells
 from toolkit.config import CONF_DIR
 from toolkit.entry import entry_main
@@ -48,11 +50,16 @@ from extract.store import store_path
 from probes.artifacts import build_probe
 
 log = logging.getLogger(__name__)
+# steps 3-5's jobs by cost, the costliest started first (unlisted: cheap): a SmolLM2 city_locations layer's job
+# of samil_reference ~2 minutes a task, samil ~2 minutes for five tasks, mlp ~0.5, the surprisal control a forward
+# pass of every statement
+JOB_COST = {"samil_reference": 4, "samil": 3, "mlp": 2, "surprisal": 2}
 
 
 def study_steps(o: dict) -> None:
-    """Steps 1-5 of the module docstring, each in its own process, one step for every (model, datapack) before the
-    next step: the sweeps first (what every claim needs), the costliest extras last."""
+    """Steps 1-5 of the module docstring: the store and sweep of every (model, datapack) in turn (what every
+    claim needs; the sweep runs its jobs on `workers` processes), then the jobs of steps 3-5 of every (model,
+    datapack), which depend only on the sweeps' cells, on `workers` processes at once, the costliest first."""
     pairs = [(m, d) for m in o["models"] for d in o["datapacks"]]
     cells = [f"results_dir={o['results_dir']}", f"n_boot={o['n_boot']}", f"split={o['split']['kind']}",
              f"split_seed={o['split_seed']}"]
@@ -66,18 +73,20 @@ def study_steps(o: dict) -> None:
             run_step("extract", *common(model, datapack), *([] if o["limit"] is None else [f"limit={o['limit']}"]))
         run_step("experiments.sweep", *common(model, datapack), *cells, tasks, f"probes=[{','.join(o['probes'])}]",
                  f"workers={o['workers']}")
+    jobs = []   # (cost rank, command)
     for model, datapack in pairs:
         for kind in o["controls"]:
-            run_step("train_probe", *common(model, datapack), *cells, tasks, "probe=linear", f"features={kind}")
-    for model, datapack in pairs:
+            jobs.append((JOB_COST.get(kind, 0), ("train_probe", *common(model, datapack), *cells, tasks,
+                                                 "probe=linear", f"features={kind}")))
         for probe, layer, todo in null_jobs(o, model, datapack):
-            run_step("train_probe", "-m", *common(model, datapack), *cells, f"tasks=[{','.join(todo)}]",
-                     f"probe={probe}", f"layer=[{layer}]", "shuffle_labels=true",
-                     f"seed={','.join(str(s) for s in range(o['permutations']))}")
-    for model, datapack in pairs:
+            for seed in range(o["permutations"]):
+                jobs.append((JOB_COST.get(probe, 0), ("train_probe", *common(model, datapack), *cells,
+                                                      f"tasks=[{','.join(todo)}]", f"probe={probe}", f"layer={layer}",
+                                                      "shuffle_labels=true", f"seed={seed}")))
         for probe, layer, todo in best_layer_jobs(o, model, datapack):
-            run_step("train_probe", *common(model, datapack), *cells, f"tasks=[{','.join(todo)}]", f"probe={probe}",
-                     f"layer={layer}")
+            jobs.append((JOB_COST.get(probe, 0), ("train_probe", *common(model, datapack), *cells,
+                                                  f"tasks=[{','.join(todo)}]", f"probe={probe}", f"layer={layer}")))
+    run_steps([command for _, command in sorted(jobs, key=lambda job: -job[0])], o["workers"])
 
 
 def swept_best(o: dict, model: str, datapack: str, probes: list[str]) -> tuple[pd.DataFrame, set]:
