@@ -3,7 +3,7 @@ failed benchmark says so, `--only` reruns and a GPU log (`--gpu-log`) keep the o
 
 import pytest
 
-from experiments.bench.page import BENCHMARKS, kept_sections, main, page, run_one, section, write_page
+from experiments.bench.page import BENCHMARKS, kept_sections, main, missed, page, run_one, section, write_page
 
 
 def test_printed_lines_kept_without_progress_bars(tmp_path):
@@ -78,3 +78,21 @@ def test_missed_targets_are_flagged_where_the_printed_value_misses():
     assert not missed("no target on this line = 3")
     once = flagged(["layer read: h5py raw / fromfile speed      = 0.35   (target >= 0.5)"])
     assert once[0].endswith("[MISSED]") and flagged(once) == once
+
+
+def test_gpu_check_imports_what_exists():
+    """gpu_check.sh runs only where a GPU is lent (minutes a session, never in CI): every name its Python
+    snippets import must exist here, or the lent minutes end on an ImportError (the toolkit/ move once did it)."""
+    import importlib
+    import re
+
+    from experiments.bench.page import ROOT
+
+    imports = re.findall(r"^from ([\w.]+) import ([\w, ]+)$", (ROOT / "experiments/bench/gpu_check.sh").read_text(),
+                         re.M)
+    assert imports
+    for module, names in imports:
+        for name in names.split(","):
+            assert hasattr(importlib.import_module(module), name.strip()), f"{module}.{name.strip()}"
+    assert missed("samil layer job (five tasks), one CPU thread, on cuda = 45 s (target <= 5 s)")
+    assert not missed("make run (RUN_ACCELERATOR=auto, 16 workers, on cuda) = 280 s (target <= 300 s)")

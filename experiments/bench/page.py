@@ -61,9 +61,10 @@ BENCHMARKS = [
      "(the default), alternating; the same chosen C and certified objectives are the check.",
      ["experiments/bench/bench_samil.py", "--sizes", "--big", "0", "--store", STORE, "--layer", "16",
       "--cv-compare", "1"]),
-    ("layer_jobs", "One layer's job per probe, C by CV for samil",
-     "What one `make run` job costs: every probe at layer 16 of the full city_locations store, one task "
-     "(true_vs_all), samil with C by grouped CV (samil_C=null), in this process's threads.",
+    ("layer_jobs", "One `make run` layer job per probe: five tasks, C by CV",
+     "What one `make run` job costs: every probe at layer 16 of the full city_locations store, the five tasks of "
+     "`make run` in one job (their heads shared), samil and linear with C by grouped CV over their bracketing "
+     "grids, at one thread as each sweep worker runs. Goals: a samil job <= 20 s, an mlp job <= 8 s.",
      ["-m", "experiments.bench.bench_layers", "model=smollm2", "data=city_locations", "store_dir={work}/activations",
       "samil_C=null"]),
     ("peers", "Extraction against nnsight, TransformerLens and plain Hugging Face, at equal threads",
