@@ -20,19 +20,22 @@ ROOT = Path(__file__).resolve().parents[1]
 PR_SET_PDEATHSIG = 1   # prctl(2): the signal a child gets when the process that started it dies
 
 
-def _end_with_parent() -> None:   # pragma: no cover (runs in the child, between fork and exec)
-    """Ask Linux to send SIGTERM to this child when its parent dies (a killed study leaves no step writing cells
-    that a rerun would race); elsewhere nothing."""
+def _end_with_parent():
+    """On Linux, a function for the child to run between fork and exec that asks the kernel to send it SIGTERM
+    when its parent dies (a killed study leaves no step writing cells that a rerun would race); else None.
+    prctl is looked up here, in the parent: the child only calls it (no library loading after the fork)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _start(module: str, args: tuple[str, ...], env: dict | None = None) -> subprocess.Popen:
     log.info("python -m %s %s", module, " ".join(args))
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                            preexec_fn=_end_with_parent if sys.platform.startswith("linux") else None)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, preexec_fn=_end_with_parent())
 
 
 def _failed(commands: list[tuple[str, ...]]) -> ToolkitError:

@@ -27,13 +27,15 @@ def _step(log, name: str, seconds: float, *extra: str) -> tuple[str, ...]:
 
 def test_steps_run_at_most_workers_at_once_on_one_thread_each(tmp_path):
     log = tmp_path / "log"
-    run_steps([_step(log, f"s{i}", 1.0) for i in range(5)], workers=2)
+    # the first two wait for each other (two starts in the log): they meet only if they run at once
+    run_steps([_step(log, f"s{i}", 0.3, "meet", "2") for i in range(5)], workers=2)
     events = _events(log)
     assert sorted(e[1] for e in events if e[0] == "end") == [f"s{i}" for i in range(5)]
-    assert {e[4] for e in events if e[0] == "start"} == {"1"}
+    assert not [e for e in events if e[0] == "alone"]
+    assert {e[3] for e in events if e[0] == "start"} == {"1"}
     running, most = 0, 0
-    for kind, *_ in sorted(events, key=lambda e: float(e[2])):
-        running += 1 if kind == "start" else -1
+    for kind, *_ in events:                         # (the log's order is the order things happened)
+        running += {"start": 1, "end": -1}[kind]
         most = max(most, running)
     assert most == 2
     assert [e[1] for e in events if e[0] == "start"][:2] == ["s0", "s1"]     # in the order given
@@ -41,7 +43,7 @@ def test_steps_run_at_most_workers_at_once_on_one_thread_each(tmp_path):
 
 def test_a_failure_starts_nothing_new_and_names_the_command(tmp_path):
     log = tmp_path / "log"
-    steps = [_step(log, "slow", 3.0), _step(log, "bad", 0.5, "fail"), _step(log, "never", 0.1)]
+    steps = [_step(log, "slow", 5.0, "meet", "2"), _step(log, "bad", 0.5, "fail"), _step(log, "never", 0.1)]
     with pytest.raises(ToolkitError) as err:
         run_steps(steps, workers=2)
     message = str(err.value)
@@ -62,7 +64,7 @@ def test_a_killed_study_leaves_no_step_running(tmp_path):
     deadline = time.monotonic() + 60
     while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    child = int(_events(log)[0][3])
+    child = int(_events(log)[0][2])
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 10
