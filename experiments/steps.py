@@ -38,15 +38,9 @@ def _start(module: str, args: tuple[str, ...], env: dict | None = None) -> subpr
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, preexec_fn=_end_with_parent())
 
 
-def _failed(commands: list[tuple[str, ...]]) -> ToolkitError:
-    shown = "; ".join(f"`python -m {' '.join(c)}`" for c in commands)
-    return ToolkitError(f"{shown} failed (the error is above); fix it and rerun the study: finished steps are kept")
-
-
 def run_step(module: str, *args: str) -> None:
     """`python -m <module> <args>` from the repository root; a one-line ToolkitError when it fails."""
-    if _start(module, args).wait():
-        raise _failed([(module, *args)])
+    run_steps([(module, *args)], workers=1)
 
 
 def run_steps(commands: list[tuple[str, ...]], workers: int) -> None:
@@ -68,7 +62,8 @@ def run_steps(commands: list[tuple[str, ...]], workers: int) -> None:
         if failed and not running:
             break
     if failed:
-        raise _failed(failed)
+        shown = "; ".join(f"`python -m {' '.join(c)}`" for c in failed)
+        raise ToolkitError(f"{shown} failed (the error is above); fix it and rerun the study: finished steps are kept")
 
 
 def store_complete(path: Path) -> bool:

@@ -45,8 +45,9 @@ def main(argv: list[str]) -> None:
             started = time.perf_counter()
             paths = train_probes(cfg)
             total = time.perf_counter() - started
-            layers = len({json.loads(p.read_text())["layer"] for p in paths})
-            fitting = sum(json.loads(p.read_text())["fit_seconds"] for p in paths)
+            written = [json.loads(p.read_text()) for p in paths]
+            layers = len({cell["layer"] for cell in written})
+            fitting = sum(cell["fit_seconds"] for cell in written)
             name = f"{probe}{' C=' + samil_C if extra else ''}"
             rows.append([name, layers, f"{total:.0f} s", f"{total / layers:.1f} s", f"{fitting / total:.0%}"])
             if probe in TARGET_SECONDS and not extra:
